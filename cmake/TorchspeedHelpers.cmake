@@ -1,0 +1,146 @@
+# Helper functions for the top-level CMakeLists.txt: finding torch and Python, deciding CUDA,
+# sanitizer flags, per-ISA kernel units, build_info.json.
+
+# Finds Torch (through Python's torch when CMAKE_PREFIX_PATH does not already reach it) and,
+# optionally, the Python pieces the _C module needs.
+macro(torchspeed_find_python_and_torch)
+  set(_want_python "${TORCHSPEED_BUILD_PYTHON}")
+  if(NOT _want_python STREQUAL "OFF")
+    if(_want_python STREQUAL "ON")
+      find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
+    else()
+      find_package(Python3 COMPONENTS Interpreter Development.Module)
+    endif()
+  endif()
+  set(TORCHSPEED_TORCH_PY_OK FALSE)
+  if(Python3_Interpreter_FOUND)
+    execute_process(
+      COMMAND "${Python3_EXECUTABLE}" -c "import torch, os, sysconfig; print(torch.utils.cmake_prefix_path); print(os.path.join(os.path.dirname(torch.__file__), 'lib')); print(sysconfig.get_config_var('EXT_SUFFIX')); print(';'.join('%s=\"%s\"' % (n, getattr(torch._C, '_' + n)) for n in ('PYBIND11_COMPILER_TYPE', 'PYBIND11_STDLIB', 'PYBIND11_BUILD_ABI') if getattr(torch._C, '_' + n, None)))"
+      OUTPUT_VARIABLE _torch_py OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _torch_py_rc ERROR_QUIET)
+    if(_torch_py_rc EQUAL 0)
+      string(REPLACE "\n" ";" _torch_py "${_torch_py}")
+      list(GET _torch_py 0 _torch_cmake_prefix)
+      list(GET _torch_py 1 _torch_lib_dir)
+      list(GET _torch_py 2 TORCHSPEED_PYTHON_MODULE_SUFFIX)
+      list(LENGTH _torch_py _n)
+      set(TORCHSPEED_PYBIND11_ABI_DEFINITIONS "")
+      if(_n GREATER 3)
+        list(GET _torch_py 3 _abi)
+        string(REPLACE "\"" "\\\"" _abi "${_abi}")
+        set(TORCHSPEED_PYBIND11_ABI_DEFINITIONS "${_abi}")
+      endif()
+      list(APPEND CMAKE_PREFIX_PATH "${_torch_cmake_prefix}")
+      set(TORCHSPEED_TORCH_PY_OK TRUE)
+    endif()
+  endif()
+  find_package(Torch REQUIRED)
+  if(DEFINED Torch_VERSION)
+    set(TORCHSPEED_TORCH_VERSION "${Torch_VERSION}")
+  else()
+    set(TORCHSPEED_TORCH_VERSION "unknown")
+  endif()
+  if(TORCHSPEED_TORCH_PY_OK)
+    # The exact torch.__version__ (with its +cpu / +cu130 tag): the import-time check compares it.
+    execute_process(COMMAND "${Python3_EXECUTABLE}" -c "import torch; print(torch.__version__)"
+      OUTPUT_VARIABLE TORCHSPEED_TORCH_VERSION OUTPUT_STRIP_TRAILING_WHITESPACE)
+  endif()
+  # torch's compile flags carry -D_GLIBCXX_USE_CXX11_ABI=0|1: every target must agree with it.
+  string(APPEND CMAKE_CXX_FLAGS " ${TORCH_CXX_FLAGS}")
+
+  set(TORCHSPEED_PYTHON_ENABLED OFF)
+  if(NOT TORCHSPEED_BUILD_PYTHON STREQUAL "OFF" AND TORCHSPEED_TORCH_PY_OK AND Python3_Development.Module_FOUND)
+    find_library(TORCHSPEED_TORCH_PYTHON_LIBRARY torch_python PATHS "${_torch_lib_dir}" NO_DEFAULT_PATH)
+    if(TORCHSPEED_TORCH_PYTHON_LIBRARY)
+      set(TORCHSPEED_PYTHON_ENABLED ON)
+    endif()
+  endif()
+  if(TORCHSPEED_BUILD_PYTHON STREQUAL "ON" AND NOT TORCHSPEED_PYTHON_ENABLED)
+    message(FATAL_ERROR "torchspeed: TORCHSPEED_BUILD_PYTHON=ON but Python 3 headers, torch or libtorch_python were not found")
+  endif()
+endmacro()
+
+# AUTO: CUDA only when nvcc is found AND the torch we build against has CUDA. Never decided by
+# whether a GPU is visible.
+macro(torchspeed_resolve_cuda)
+  set(TORCHSPEED_CUDA_ENABLED OFF)
+  set(_torch_has_cuda FALSE)
+  if(TARGET torch_cuda OR CAFFE2_USE_CUDA)
+    set(_torch_has_cuda TRUE)
+  endif()
+  if(TORCHSPEED_WITH_CUDA STREQUAL "ON" OR TORCHSPEED_WITH_CUDA STREQUAL "AUTO")
+    include(CheckLanguage)
+    check_language(CUDA)
+    if(CMAKE_CUDA_COMPILER AND _torch_has_cuda)
+      set(TORCHSPEED_CUDA_ENABLED ON)
+    elseif(TORCHSPEED_WITH_CUDA STREQUAL "ON")
+      message(FATAL_ERROR "torchspeed: TORCHSPEED_WITH_CUDA=ON but "
+        "nvcc found: '${CMAKE_CUDA_COMPILER}', torch has CUDA: ${_torch_has_cuda}")
+    else()
+      message(STATUS "torchspeed: CUDA off (nvcc: '${CMAKE_CUDA_COMPILER}', torch has CUDA: ${_torch_has_cuda})")
+    endif()
+  endif()
+  if(TORCHSPEED_CUDA_ENABLED)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_ARCHITECTURES "${TORCHSPEED_CUDA_ARCHITECTURES}")
+    enable_language(CUDA)
+  endif()
+endmacro()
+
+macro(torchspeed_sanitizer_flags)
+  if(TORCHSPEED_SANITIZE)
+    add_compile_options(-fsanitize=${TORCHSPEED_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+    add_link_options(-fsanitize=${TORCHSPEED_SANITIZE})
+  endif()
+endmacro()
+
+# Adds csrc/kernels/cpu/isa_<name>.cpp to torchspeed_cpu_kernels with its own flags, when the
+# target is x86-64 and the compiler accepts them.
+function(torchspeed_add_isa_unit name flags define)
+  include(CheckCXXCompilerFlag)
+  if(NOT CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
+    return()
+  endif()
+  string(REPLACE ";" " " _flags_str "${flags}")
+  check_cxx_compiler_flag("${_flags_str}" TORCHSPEED_COMPILER_HAS_${name})
+  if(NOT TORCHSPEED_COMPILER_HAS_${name})
+    return()
+  endif()
+  set(_src csrc/kernels/cpu/isa_${name}.cpp)
+  target_sources(torchspeed_cpu_kernels PRIVATE ${_src})
+  set_source_files_properties(${_src} PROPERTIES
+    COMPILE_OPTIONS "${flags}" COMPILE_DEFINITIONS TORCHSPEED_CPU_ISA_NAMESPACE=isa_${name})
+  target_compile_definitions(torchspeed_cpu_kernels PRIVATE ${define})
+  set(TORCHSPEED_CPU_ISAS ${TORCHSPEED_CPU_ISAS} ${name} PARENT_SCOPE)
+endfunction()
+
+function(torchspeed_write_build_info path)
+  set(_cuda_archs "[]")
+  if(TORCHSPEED_CUDA_ENABLED)
+    string(REPLACE ";" "\", \"" _a "${TORCHSPEED_CUDA_ARCHITECTURES}")
+    set(_cuda_archs "[\"${_a}\"]")
+  endif()
+  string(REPLACE ";" "\", \"" _isas "${TORCHSPEED_CPU_ISAS}")
+  set(_features "[]")
+  if(TORCHSPEED_FEATURES)
+    string(REPLACE ";" "\", \"" _f "${TORCHSPEED_FEATURES}")
+    set(_features "[\"${_f}\"]")
+  endif()
+  if(TORCHSPEED_CUDA_ENABLED)
+    set(_cuda true)
+  else()
+    set(_cuda false)
+  endif()
+  file(WRITE "${path}" "{
+  \"version\": \"${PROJECT_VERSION}\",
+  \"torch_version\": \"${TORCHSPEED_TORCH_VERSION}\",
+  \"cuda\": ${_cuda},
+  \"cuda_compiler_version\": \"${CMAKE_CUDA_COMPILER_VERSION}\",
+  \"cuda_architectures\": ${_cuda_archs},
+  \"cpu_isas\": [\"${_isas}\"],
+  \"features\": ${_features},
+  \"cxx_compiler\": \"${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}\",
+  \"build_type\": \"${CMAKE_BUILD_TYPE}\",
+  \"sanitize\": \"${TORCHSPEED_SANITIZE}\"
+}
+")
+endfunction()

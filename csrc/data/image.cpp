@@ -1,0 +1,528 @@
+// Torch-free image decode (libjpeg-turbo TurboJPEG API, libpng) and transforms that match
+// Pillow/torchvision pixel for pixel given the same draws (see tests/python/test_data_image.py).
+#include "image.h"
+
+#include <png.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "rng.h"
+
+#ifndef TORCHSPEED_WITH_JPEG
+#define TORCHSPEED_WITH_JPEG 0
+#endif
+#if TORCHSPEED_WITH_JPEG
+#include <turbojpeg.h>
+#endif
+
+namespace torchspeed {
+namespace data {
+namespace {
+
+#ifndef TORCHSPEED_DATA_MAX_PIXELS
+#define TORCHSPEED_DATA_MAX_PIXELS (int64_t{1} << 28)
+#endif
+// Decompression-bomb guard (268 Mpx by default; the fuzz build lowers it to keep allocations small).
+constexpr int64_t kMaxPixels = TORCHSPEED_DATA_MAX_PIXELS;
+
+[[noreturn]] void decode_error(const std::string& what) {
+  throw std::runtime_error("torchspeed.data.decode: " + what);
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+#if TORCHSPEED_WITH_JPEG
+// One TurboJPEG handle per thread: handles are not thread-safe and are costly to create.
+struct TjHandle {
+  tjhandle h = tjInitDecompress();
+  ~TjHandle() {
+    if (h != nullptr) tjDestroy(h);
+  }
+};
+tjhandle thread_tj() {
+  thread_local TjHandle handle;
+  if (handle.h == nullptr) decode_error("cannot create a TurboJPEG decompressor");
+  return handle.h;
+}
+#endif
+
+void probe_png(const uint8_t* data, size_t size, int* w, int* h) {
+  if (size < 24 || std::memcmp(data + 12, "IHDR", 4) != 0) decode_error("corrupt PNG: no IHDR");
+  auto be32 = [&](size_t o) {
+    return (uint32_t{data[o]} << 24) | (uint32_t{data[o + 1]} << 16) | (uint32_t{data[o + 2]} << 8) |
+           uint32_t{data[o + 3]};
+  };
+  const uint32_t pw = be32(16), ph = be32(20);
+  if (pw == 0 || ph == 0 || pw > (1u << 24) || ph > (1u << 24)) {
+    decode_error("corrupt PNG: bad size " + std::to_string(pw) + "x" + std::to_string(ph));
+  }
+  *w = static_cast<int>(pw);
+  *h = static_cast<int>(ph);
+}
+
+void check_pixels(int w, int h) {
+  if (w <= 0 || h <= 0 || int64_t{w} * h > kMaxPixels) {
+    decode_error("image size " + std::to_string(w) + "x" + std::to_string(h) +
+                 " is empty or larger than the 2^28-pixel limit");
+  }
+}
+
+// ---- Pillow-compatible bilinear resampling (Pillow's libImaging/Resample.c, 8 bits per channel).
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
+double bilinear_filter(double x) {
+  if (x < 0.0) x = -x;
+  if (x < 1.0) return 1.0 - x;
+  return 0.0;
+}
+
+struct Coeffs {
+  int ksize = 0;
+  std::vector<int> bounds;  // (first, count) per output pixel
+  std::vector<int> kk;      // ksize fixed-point weights per output pixel
+};
+
+Coeffs precompute_coeffs(int in_size, float in0, float in1, int out_size) {
+  constexpr double kSupport = 1.0;
+  double scale = static_cast<double>(in1 - in0) / out_size;
+  double filterscale = scale < 1.0 ? 1.0 : scale;
+  const double support = kSupport * filterscale;
+  Coeffs c;
+  c.ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
+  c.bounds.resize(static_cast<size_t>(out_size) * 2);
+  c.kk.assign(static_cast<size_t>(out_size) * c.ksize, 0);
+  std::vector<double> k(static_cast<size_t>(c.ksize));
+  for (int xx = 0; xx < out_size; ++xx) {
+    const double center = in0 + (xx + 0.5) * scale;
+    double ww = 0.0;
+    const double ss = 1.0 / filterscale;
+    int xmin = static_cast<int>(center - support + 0.5);
+    if (xmin < 0) xmin = 0;
+    int xmax = static_cast<int>(center + support + 0.5);
+    if (xmax > in_size) xmax = in_size;
+    xmax -= xmin;
+    if (xmax > c.ksize) xmax = c.ksize;  // cannot happen for valid boxes; keeps writes in bounds
+    if (xmax < 0) xmax = 0;
+    for (int x = 0; x < xmax; ++x) {
+      const double w = bilinear_filter((x + xmin - center + 0.5) * ss);
+      k[static_cast<size_t>(x)] = w;
+      ww += w;
+    }
+    int* out = &c.kk[static_cast<size_t>(xx) * c.ksize];
+    for (int x = 0; x < xmax; ++x) {
+      double v = k[static_cast<size_t>(x)];
+      if (ww != 0.0) v /= ww;
+      out[x] = v < 0 ? static_cast<int>(-0.5 + v * (1 << kPrecisionBits))
+                     : static_cast<int>(0.5 + v * (1 << kPrecisionBits));
+    }
+    c.bounds[static_cast<size_t>(xx) * 2] = xmin;
+    c.bounds[static_cast<size_t>(xx) * 2 + 1] = xmax;
+  }
+  return c;
+}
+
+inline uint8_t clip8(int v) {
+  v >>= kPrecisionBits;
+  return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+}
+
+void resample_strided(const uint8_t* src, int src_w, int src_h, size_t src_stride, const float box[4],
+                      int dst_w, int dst_h, int win_x, int win_y, int win_w, int win_h,
+                      uint8_t* out, std::vector<uint8_t>* scratch) {
+  const bool need_h = dst_w != src_w || box[0] != 0 || box[2] != dst_w;
+  const bool need_v = dst_h != src_h || box[1] != 0 || box[3] != dst_h;
+  int r0 = win_y, r1 = win_y + win_h;
+  Coeffs cv;
+  if (need_v) {
+    cv = precompute_coeffs(src_h, box[1], box[3], dst_h);
+    r0 = cv.bounds[static_cast<size_t>(win_y) * 2];
+    r1 = cv.bounds[static_cast<size_t>(win_y + win_h - 1) * 2] +
+         cv.bounds[static_cast<size_t>(win_y + win_h - 1) * 2 + 1];
+  }
+  // Intermediate rows [r0, r1) of the horizontally resampled image, only the window's columns.
+  const size_t tstride = static_cast<size_t>(win_w) * 3;
+  scratch->resize(static_cast<size_t>(std::max(r1 - r0, 1)) * tstride);
+  uint8_t* tmp = scratch->data();
+  if (need_h) {
+    const Coeffs ch = precompute_coeffs(src_w, box[0], box[2], dst_w);
+    for (int r = r0; r < r1; ++r) {
+      const uint8_t* row = src + static_cast<size_t>(r) * src_stride;
+      uint8_t* trow = tmp + static_cast<size_t>(r - r0) * tstride;
+      for (int xx = win_x; xx < win_x + win_w; ++xx) {
+        const int xmin = ch.bounds[static_cast<size_t>(xx) * 2];
+        const int xmax = ch.bounds[static_cast<size_t>(xx) * 2 + 1];
+        const int* k = &ch.kk[static_cast<size_t>(xx) * ch.ksize];
+        int s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
+        const uint8_t* p = row + static_cast<size_t>(xmin) * 3;
+        for (int x = 0; x < xmax; ++x) {
+          s0 += p[3 * x] * k[x];
+          s1 += p[3 * x + 1] * k[x];
+          s2 += p[3 * x + 2] * k[x];
+        }
+        uint8_t* o = trow + static_cast<size_t>(xx - win_x) * 3;
+        o[0] = clip8(s0);
+        o[1] = clip8(s1);
+        o[2] = clip8(s2);
+      }
+    }
+  } else {
+    for (int r = r0; r < r1; ++r) {
+      std::memcpy(tmp + static_cast<size_t>(r - r0) * tstride,
+                  src + static_cast<size_t>(r) * src_stride + static_cast<size_t>(win_x) * 3, tstride);
+    }
+  }
+  if (need_v) {
+    for (int yy = win_y; yy < win_y + win_h; ++yy) {
+      const int ymin = cv.bounds[static_cast<size_t>(yy) * 2] - r0;
+      const int ymax = cv.bounds[static_cast<size_t>(yy) * 2 + 1];
+      const int* k = &cv.kk[static_cast<size_t>(yy) * cv.ksize];
+      uint8_t* orow = out + static_cast<size_t>(yy - win_y) * tstride;
+      for (size_t i = 0; i < tstride; ++i) {
+        int s = 1 << (kPrecisionBits - 1);
+        const uint8_t* p = tmp + static_cast<size_t>(ymin) * tstride + i;
+        for (int y = 0; y < ymax; ++y) s += p[static_cast<size_t>(y) * tstride] * k[y];
+        orow[i] = clip8(s);
+      }
+    }
+  } else {
+    std::memcpy(out, tmp, static_cast<size_t>(win_h) * tstride);
+  }
+}
+
+int choose_scale(bool allowed, int have_w, int have_h, int need_w, int need_h) {
+  if (!allowed) return 1;
+  for (int f : {8, 4, 2}) {
+    if (int64_t{have_w} >= int64_t{need_w} * f && int64_t{have_h} >= int64_t{need_h} * f) return f;
+  }
+  return 1;
+}
+
+}  // namespace
+
+ImageFormat detect_image_format(const uint8_t* data, size_t size) {
+  if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) return ImageFormat::kJpeg;
+  static const uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (size >= 8 && std::memcmp(data, kPng, 8) == 0) return ImageFormat::kPng;
+  return ImageFormat::kUnknown;
+}
+
+bool jpeg_supported() { return TORCHSPEED_WITH_JPEG != 0; }
+
+void probe_image(const uint8_t* data, size_t size, int* width, int* height) {
+  switch (detect_image_format(data, size)) {
+    case ImageFormat::kJpeg: {
+#if TORCHSPEED_WITH_JPEG
+      int w = 0, h = 0, subsamp = 0, cs = 0;
+      if (tjDecompressHeader3(thread_tj(), data, static_cast<unsigned long>(size), &w, &h, &subsamp,
+                              &cs) != 0) {
+        decode_error(std::string("corrupt JPEG header: ") + tjGetErrorStr2(thread_tj()));
+      }
+      *width = w;
+      *height = h;
+      check_pixels(w, h);
+      return;
+#else
+      decode_error("JPEG support was not built (libjpeg-turbo was not found at build time)");
+#endif
+    }
+    case ImageFormat::kPng:
+      probe_png(data, size, width, height);
+      check_pixels(*width, *height);
+      return;
+    default:
+      decode_error("unknown image format (not JPEG or PNG)");
+  }
+}
+
+void decode_image(const uint8_t* data, size_t size, int scale_denom, RgbImage* out) {
+  const ImageFormat fmt = detect_image_format(data, size);
+  if (fmt == ImageFormat::kJpeg) {
+#if TORCHSPEED_WITH_JPEG
+    int w = 0, h = 0;
+    probe_image(data, size, &w, &h);
+    if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
+      throw std::invalid_argument("torchspeed.data.decode: scale_denom must be 1, 2, 4 or 8, got " +
+                                  std::to_string(scale_denom));
+    }
+    const tjscalingfactor sf{1, scale_denom};
+    const int sw = TJSCALED(w, sf), sh = TJSCALED(h, sf);
+    out->width = sw;
+    out->height = sh;
+    out->pixels.resize(static_cast<size_t>(sw) * sh * 3);
+    if (tjDecompress2(thread_tj(), data, static_cast<unsigned long>(size), out->pixels.data(), sw, 0,
+                      sh, TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
+      decode_error(std::string("corrupt JPEG: ") + tjGetErrorStr2(thread_tj()));
+    }
+    return;
+#else
+    (void)scale_denom;
+    decode_error("JPEG support was not built (libjpeg-turbo was not found at build time)");
+#endif
+  }
+  if (fmt == ImageFormat::kPng) {
+    if (scale_denom != 1) {
+      throw std::invalid_argument("torchspeed.data.decode: PNG decode needs scale_denom 1, got " +
+                                  std::to_string(scale_denom));
+    }
+    png_image img;
+    std::memset(&img, 0, sizeof(img));
+    img.version = PNG_IMAGE_VERSION;
+    if (png_image_begin_read_from_memory(&img, data, size) == 0) {
+      decode_error(std::string("corrupt PNG: ") + img.message);
+    }
+    if (img.width == 0 || img.height == 0 || img.width > (1u << 24) || img.height > (1u << 24) ||
+        int64_t{img.width} * img.height > kMaxPixels) {
+      const std::string dims = std::to_string(img.width) + "x" + std::to_string(img.height);
+      png_image_free(&img);
+      decode_error("PNG size " + dims + " is empty or larger than the 2^28-pixel limit");
+    }
+    // Read RGBA and drop alpha, which is what PIL's convert("RGB") does (no compositing).
+    img.format = PNG_FORMAT_RGBA;
+    std::vector<uint8_t> rgba(PNG_IMAGE_SIZE(img));
+    if (png_image_finish_read(&img, nullptr, rgba.data(), 0, nullptr) == 0) {
+      std::string msg = img.message;
+      png_image_free(&img);
+      decode_error("corrupt PNG: " + msg);
+    }
+    out->width = static_cast<int>(img.width);
+    out->height = static_cast<int>(img.height);
+    const size_t n = static_cast<size_t>(out->width) * out->height;
+    out->pixels.resize(n * 3);
+    for (size_t i = 0; i < n; ++i) {
+      out->pixels[3 * i] = rgba[4 * i];
+      out->pixels[3 * i + 1] = rgba[4 * i + 1];
+      out->pixels[3 * i + 2] = rgba[4 * i + 2];
+    }
+    return;
+  }
+  decode_error("unknown image format (not JPEG or PNG)");
+}
+
+void resample_bilinear(const uint8_t* src, int src_w, int src_h, const float box[4], int dst_w,
+                       int dst_h, int win_x, int win_y, int win_w, int win_h, uint8_t* out) {
+  if (src_w <= 0 || src_h <= 0 || dst_w <= 0 || dst_h <= 0 || win_x < 0 || win_y < 0 ||
+      win_w <= 0 || win_h <= 0 || win_x + win_w > dst_w || win_y + win_h > dst_h ||
+      !(box[0] >= 0) || !(box[1] >= 0) || !(box[2] > box[0]) || !(box[3] > box[1]) ||
+      !(box[2] <= src_w) || !(box[3] <= src_h)) {
+    throw std::invalid_argument("torchspeed.data.resample_bilinear: bad sizes, box or window");
+  }
+  std::vector<uint8_t> scratch;
+  resample_strided(src, src_w, src_h, static_cast<size_t>(src_w) * 3, box, dst_w, dst_h, win_x,
+                   win_y, win_w, win_h, out, &scratch);
+}
+
+void validate_transform_options(const ImageTransformOptions& o) {
+  auto bad = [](const std::string& what) {
+    throw std::invalid_argument("torchspeed.data.transforms: " + what);
+  };
+  if (o.height <= 0 || o.width <= 0 || o.height > 65536 || o.width > 65536) {
+    bad("output size must be positive, got " + std::to_string(o.height) + "x" +
+        std::to_string(o.width));
+  }
+  if (o.mode == CropMode::kResizeCenterCrop && o.resize_size <= 0) {
+    bad("resize_size must be positive, got " + std::to_string(o.resize_size));
+  }
+  if (!(o.scale.first > 0) || !(o.scale.first <= o.scale.second)) {
+    bad("scale must satisfy 0 < min <= max, got (" + std::to_string(o.scale.first) + ", " +
+        std::to_string(o.scale.second) + ")");
+  }
+  if (!(o.ratio.first > 0) || !(o.ratio.first <= o.ratio.second)) {
+    bad("ratio must satisfy 0 < min <= max, got (" + std::to_string(o.ratio.first) + ", " +
+        std::to_string(o.ratio.second) + ")");
+  }
+  if (!(o.flip_prob >= 0 && o.flip_prob <= 1)) {
+    bad("flip_prob must be in [0, 1], got " + std::to_string(o.flip_prob));
+  }
+  for (float s : o.std) {
+    if (!(s != 0)) bad("std must be non-zero");
+  }
+}
+
+ImageDraw draw_image_params(const ImageTransformOptions& opt, int width, int height, bool is_jpeg,
+                            uint64_t seed, uint64_t epoch, uint64_t index) {
+  ImageDraw d;
+  d.crop_top = 0;
+  d.crop_left = 0;
+  d.crop_width = width;
+  d.crop_height = height;
+  const bool may_scale = is_jpeg && opt.decode_scaling;
+  switch (opt.mode) {
+    case CropMode::kRandomResizedCrop: {
+      // torchvision.transforms.RandomResizedCrop.get_params with our per-sample generator.
+      SampleRng rng(seed, epoch, index, RngPurpose::kCrop);
+      const double area = static_cast<double>(width) * height;
+      const double log_r0 = std::log(opt.ratio.first), log_r1 = std::log(opt.ratio.second);
+      bool found = false;
+      for (int attempt = 0; attempt < 10 && !found; ++attempt) {
+        const double target_area = area * rng.uniform(opt.scale.first, opt.scale.second);
+        const double aspect = std::exp(rng.uniform(log_r0, log_r1));
+        const int w = static_cast<int>(std::nearbyint(std::sqrt(target_area * aspect)));
+        const int h = static_cast<int>(std::nearbyint(std::sqrt(target_area / aspect)));
+        if (0 < w && w <= width && 0 < h && h <= height) {
+          d.crop_top = static_cast<int>(rng.below(static_cast<uint64_t>(height - h + 1)));
+          d.crop_left = static_cast<int>(rng.below(static_cast<uint64_t>(width - w + 1)));
+          d.crop_height = h;
+          d.crop_width = w;
+          found = true;
+        }
+      }
+      if (!found) {  // fallback: central crop clamped to the ratio range
+        const double in_ratio = static_cast<double>(width) / height;
+        int w = width, h = height;
+        if (in_ratio < opt.ratio.first) {
+          w = width;
+          h = static_cast<int>(std::nearbyint(w / opt.ratio.first));
+        } else if (in_ratio > opt.ratio.second) {
+          h = height;
+          w = static_cast<int>(std::nearbyint(h * opt.ratio.second));
+        }
+        d.crop_height = h;
+        d.crop_width = w;
+        d.crop_top = (height - h) / 2;
+        d.crop_left = (width - w) / 2;
+      }
+      d.scale_denom = choose_scale(may_scale, d.crop_width, d.crop_height, opt.width, opt.height);
+      break;
+    }
+    case CropMode::kResizeCenterCrop: {
+      // torchvision Resize(int): the shorter side becomes resize_size, the other keeps the ratio.
+      const bool w_short = width <= height;
+      const int s = w_short ? width : height, l = w_short ? height : width;
+      const int new_l = static_cast<int>(static_cast<int64_t>(opt.resize_size) * l / s);
+      d.resize_width = w_short ? opt.resize_size : new_l;
+      d.resize_height = w_short ? new_l : opt.resize_size;
+      d.scale_denom = choose_scale(may_scale, width, height, d.resize_width, d.resize_height);
+      break;
+    }
+    case CropMode::kResize:
+      d.resize_width = opt.width;
+      d.resize_height = opt.height;
+      d.scale_denom = choose_scale(may_scale, width, height, opt.width, opt.height);
+      break;
+    case CropMode::kNone:
+      break;
+  }
+  if (opt.flip_prob > 0) {
+    SampleRng rng(seed, epoch, index, RngPurpose::kFlip);
+    d.flip = rng.uniform() < opt.flip_prob;
+  }
+  return d;
+}
+
+size_t image_output_bytes(const ImageTransformOptions& opt) {
+  const bool fl = opt.to_float || opt.normalize;
+  return static_cast<size_t>(opt.height) * opt.width * 3 * (fl ? 4 : 1);
+}
+
+void process_image(const uint8_t* data, size_t size, const ImageTransformOptions& opt,
+                   uint64_t seed, uint64_t epoch, uint64_t index, void* dst, StageTimes* times) {
+  thread_local RgbImage decoded;
+  thread_local std::vector<uint8_t> resized, scratch;
+  auto t0 = Clock::now();
+  int w = 0, h = 0;
+  probe_image(data, size, &w, &h);
+  const ImageFormat fmt = detect_image_format(data, size);
+  const ImageDraw d = draw_image_params(opt, w, h, fmt == ImageFormat::kJpeg, seed, epoch, index);
+  decode_image(data, size, d.scale_denom, &decoded);
+  if (times) times->decode += seconds_since(t0);
+  t0 = Clock::now();
+
+  const int ow = opt.width, oh = opt.height;
+  resized.resize(static_cast<size_t>(ow) * oh * 3);
+  const int f = d.scale_denom;
+  const int sw = decoded.width, sh = decoded.height;
+  const size_t stride = static_cast<size_t>(sw) * 3;
+  switch (opt.mode) {
+    case CropMode::kRandomResizedCrop: {
+      if (f == 1) {
+        const float box[4] = {0.f, 0.f, static_cast<float>(d.crop_width),
+                              static_cast<float>(d.crop_height)};
+        const uint8_t* src = decoded.pixels.data() + static_cast<size_t>(d.crop_top) * stride +
+                             static_cast<size_t>(d.crop_left) * 3;
+        resample_strided(src, d.crop_width, d.crop_height, stride, box, ow, oh, 0, 0, ow, oh,
+                         resized.data(), &scratch);
+      } else {
+        // The crop in scaled coordinates; crop to the enclosing pixels, resample the float box.
+        const double fx0 = static_cast<double>(d.crop_left) / f;
+        const double fy0 = static_cast<double>(d.crop_top) / f;
+        const double fx1 = static_cast<double>(d.crop_left + d.crop_width) / f;
+        const double fy1 = static_cast<double>(d.crop_top + d.crop_height) / f;
+        const int ix0 = static_cast<int>(std::floor(fx0)), iy0 = static_cast<int>(std::floor(fy0));
+        const int ix1 = std::min(static_cast<int>(std::ceil(fx1)), sw);
+        const int iy1 = std::min(static_cast<int>(std::ceil(fy1)), sh);
+        const float box[4] = {static_cast<float>(fx0 - ix0), static_cast<float>(fy0 - iy0),
+                              static_cast<float>(fx1 - ix0), static_cast<float>(fy1 - iy0)};
+        const uint8_t* src =
+            decoded.pixels.data() + static_cast<size_t>(iy0) * stride + static_cast<size_t>(ix0) * 3;
+        resample_strided(src, ix1 - ix0, iy1 - iy0, stride, box, ow, oh, 0, 0, ow, oh,
+                         resized.data(), &scratch);
+      }
+      break;
+    }
+    case CropMode::kResize: {
+      const float box[4] = {0.f, 0.f, static_cast<float>(sw), static_cast<float>(sh)};
+      resample_strided(decoded.pixels.data(), sw, sh, stride, box, ow, oh, 0, 0, ow, oh,
+                       resized.data(), &scratch);
+      break;
+    }
+    case CropMode::kResizeCenterCrop: {
+      const int rw = d.resize_width, rh = d.resize_height;
+      if (rw < ow || rh < oh) {
+        decode_error("CenterCrop " + std::to_string(oh) + "x" + std::to_string(ow) +
+                     " is larger than the resized image " + std::to_string(rh) + "x" +
+                     std::to_string(rw));
+      }
+      const int top = static_cast<int>(std::nearbyint((rh - oh) / 2.0));
+      const int left = static_cast<int>(std::nearbyint((rw - ow) / 2.0));
+      const float box[4] = {0.f, 0.f, static_cast<float>(sw), static_cast<float>(sh)};
+      resample_strided(decoded.pixels.data(), sw, sh, stride, box, rw, rh, left, top, ow, oh,
+                       resized.data(), &scratch);
+      break;
+    }
+    case CropMode::kNone:
+      if (sw != ow || sh != oh) {
+        decode_error("image is " + std::to_string(sh) + "x" + std::to_string(sw) + ", expected " +
+                     std::to_string(oh) + "x" + std::to_string(ow) + " (no resize configured)");
+      }
+      std::memcpy(resized.data(), decoded.pixels.data(), resized.size());
+      break;
+  }
+
+  // Store: flip, dtype and layout in one pass.
+  const uint8_t* px = resized.data();
+  const bool fl = opt.to_float || opt.normalize;
+  const size_t plane = static_cast<size_t>(ow) * oh;
+  float scale[3], shift[3];
+  for (int c = 0; c < 3; ++c) {
+    scale[c] = opt.normalize ? opt.std[c] : 1.0f;
+    shift[c] = opt.normalize ? opt.mean[c] : 0.0f;
+  }
+  for (int y = 0; y < oh; ++y) {
+    for (int x = 0; x < ow; ++x) {
+      const int sx = d.flip ? ow - 1 - x : x;
+      const uint8_t* p = px + (static_cast<size_t>(y) * ow + sx) * 3;
+      const size_t pos = static_cast<size_t>(y) * ow + x;
+      for (int c = 0; c < 3; ++c) {
+        const size_t di = opt.channels_last ? pos * 3 + c : c * plane + pos;
+        if (fl) {
+          float v = static_cast<float>(p[c]) / 255.0f;
+          if (opt.normalize) v = (v - shift[c]) / scale[c];
+          static_cast<float*>(dst)[di] = v;
+        } else {
+          static_cast<uint8_t*>(dst)[di] = p[c];
+        }
+      }
+    }
+  }
+  if (times) times->transform += seconds_since(t0);
+}
+
+}  // namespace data
+}  // namespace torchspeed

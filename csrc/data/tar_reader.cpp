@@ -1,0 +1,277 @@
+// Torch-free tar parser and WebDataset grouping; every read is bounds-checked (fuzzed by tests/fuzz).
+#include "tar_reader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace torchspeed {
+namespace data {
+namespace {
+
+constexpr size_t kBlock = 512;
+
+std::string field_string(const uint8_t* p, size_t n) {
+  size_t len = 0;
+  while (len < n && p[len] != 0) ++len;
+  return std::string(reinterpret_cast<const char*>(p), len);
+}
+
+// Octal (space/NUL padded) or GNU base-256 numeric field; returns false if malformed.
+bool parse_numeric(const uint8_t* p, size_t n, uint64_t* out) {
+  if (n > 0 && (p[0] & 0x80)) {  // base-256
+    if (p[0] & 0x40) return false;  // negative
+    uint64_t v = p[0] & 0x3f;
+    for (size_t i = 1; i < n; ++i) {
+      if (v >> 56) return false;  // overflow
+      v = (v << 8) | p[i];
+    }
+    *out = v;
+    return true;
+  }
+  size_t i = 0;
+  while (i < n && (p[i] == ' ' || p[i] == 0)) ++i;
+  uint64_t v = 0;
+  bool any = false;
+  for (; i < n && p[i] >= '0' && p[i] <= '7'; ++i) {
+    if (v >> 60) return false;
+    v = (v << 3) | static_cast<uint64_t>(p[i] - '0');
+    any = true;
+  }
+  for (; i < n; ++i) {
+    if (p[i] != ' ' && p[i] != 0) return false;
+  }
+  *out = any ? v : 0;
+  return true;
+}
+
+bool is_zero_block(const uint8_t* p) {
+  for (size_t i = 0; i < kBlock; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+[[noreturn]] void fail(const std::string& shard, const std::string& what) {
+  throw std::runtime_error("torchspeed.data.tar: shard '" + shard + "': " + what);
+}
+
+// Extracts "path" from pax records "<len> key=value\n".
+bool pax_path(const uint8_t* p, size_t n, std::string* path) {
+  size_t pos = 0;
+  bool found = false;
+  while (pos < n) {
+    size_t len = 0, i = pos;
+    while (i < n && p[i] >= '0' && p[i] <= '9') {
+      if (len > n) return found;
+      len = len * 10 + static_cast<size_t>(p[i] - '0');
+      ++i;
+    }
+    if (len == 0 || i >= n || p[i] != ' ' || len > n - pos) return found;
+    std::string rec(reinterpret_cast<const char*>(p + i + 1), pos + len - (i + 1));
+    if (!rec.empty() && rec.back() == '\n') rec.pop_back();
+    auto eq = rec.find('=');
+    if (eq != std::string::npos && rec.compare(0, eq, "path") == 0) {
+      *path = rec.substr(eq + 1);
+      found = true;
+    }
+    pos += len;
+  }
+  return found;
+}
+
+}  // namespace
+
+namespace {
+std::vector<TarMember> list_members_strict(const uint8_t* data, size_t size, const std::string& shard,
+                                           std::vector<TarMember>* out, std::string* current) {
+  size_t pos = 0;
+  std::string long_name;
+  bool have_long_name = false;
+  while (true) {
+    if (pos == size) break;  // tolerate a missing end-of-archive marker at a block boundary
+    if (size - pos < kBlock) {
+      fail(shard, "truncated header at offset " + std::to_string(pos) + " (file has " +
+                      std::to_string(size) + " bytes)");
+    }
+    const uint8_t* h = data + pos;
+    if (is_zero_block(h)) break;  // end of archive
+    uint64_t stored_sum = 0;
+    if (!parse_numeric(h + 148, 8, &stored_sum)) {
+      fail(shard, "bad header checksum field at offset " + std::to_string(pos));
+    }
+    uint64_t sum = 0;
+    for (size_t i = 0; i < kBlock; ++i) sum += (i >= 148 && i < 156) ? 0x20 : h[i];
+    std::string name = field_string(h, 100);
+    if (sum != stored_sum) {
+      fail(shard, "header checksum mismatch at offset " + std::to_string(pos) + " (member '" +
+                      name + "'); not a tar file or corrupt");
+    }
+    uint64_t msize = 0;
+    if (!parse_numeric(h + 124, 12, &msize)) {
+      fail(shard, "bad size field for member '" + name + "'");
+    }
+    if (std::memcmp(h + 257, "ustar", 5) == 0) {
+      std::string prefix = field_string(h + 345, 155);
+      if (!prefix.empty()) name = prefix + "/" + name;
+    }
+    const char type = static_cast<char>(h[156]);
+    const size_t data_pos = pos + kBlock;
+    if (msize > size - data_pos) {
+      fail(shard, "member '" + (have_long_name ? long_name : name) + "' is truncated (needs " +
+                      std::to_string(msize) + " bytes at offset " + std::to_string(data_pos) +
+                      ", file has " + std::to_string(size) + ")");
+    }
+    const uint8_t* body = data + data_pos;
+    if (type == 'L') {  // GNU long name for the next member
+      long_name = field_string(body, static_cast<size_t>(msize));
+      have_long_name = true;
+    } else if (type == 'x') {  // pax header for the next member
+      std::string p;
+      if (pax_path(body, static_cast<size_t>(msize), &p)) {
+        long_name = p;
+        have_long_name = true;
+      }
+    } else if (type == '0' || type == '\0' || type == '7') {
+      *current = m_name_placeholder;
+      TarMember m;
+      m.name = have_long_name ? long_name : name;
+      m.offset = data_pos;
+      m.size = msize;
+      out.push_back(std::move(m));
+      have_long_name = false;
+    } else {
+      have_long_name = false;  // directories, links, pax globals, ...: skipped
+    }
+    const uint64_t padded = (msize + kBlock - 1) / kBlock * kBlock;
+    if (padded > size - data_pos) {
+      // Data fits but its padding does not: accept only if this is the last member.
+      pos = size;
+    } else {
+      pos = data_pos + static_cast<size_t>(padded);
+    }
+  }
+  return out;
+}
+
+bool split_webdataset_name(const std::string& name, std::string* key, std::string* ext) {
+  const size_t slash = name.rfind('/');
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;
+  const size_t dot = name.find('.', base);
+  if (dot == std::string::npos || dot == base) return false;  // no extension or hidden file
+  if (dot + 1 >= name.size()) return false;
+  *key = name.substr(0, dot);
+  *ext = name.substr(dot + 1);
+  std::transform(ext->begin(), ext->end(), ext->begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return true;
+}
+
+ShardIndex ShardIndex::build(const uint8_t* data, size_t size, const std::string& shard) {
+  ShardIndex idx;
+  idx.shard_size = size;
+  for (auto& m : list_tar_members(data, size, shard)) {
+    std::string key, ext;
+    if (!split_webdataset_name(m.name, &key, &ext)) continue;
+    if (idx.samples.empty() || idx.samples.back().key != key) {
+      idx.samples.push_back(SampleEntry{key, {}});
+    }
+    auto& s = idx.samples.back();
+    if (s.find(ext) != nullptr) {
+      fail(shard, "sample '" + key + "': duplicate file '" + m.name + "'");
+    }
+    s.fields.push_back(SampleField{ext, m.offset, m.size});
+  }
+  return idx;
+}
+
+namespace {
+constexpr char kMagic[8] = {'T', 'S', 'I', 'D', 'X', '0', '0', '1'};
+
+template <typename T>
+void put(std::string* s, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+struct Cursor {
+  const uint8_t* p;
+  size_t n;
+  size_t pos = 0;
+  const std::string& where;
+  [[noreturn]] void bad(const std::string& what) const {
+    throw std::runtime_error("torchspeed.data.index: '" + where + "': " + what + " at byte " +
+                             std::to_string(pos));
+  }
+  template <typename T>
+  T get() {
+    if (n - pos < sizeof(T)) bad("unexpected end of index");
+    T v = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(static_cast<T>(p[pos + i]) << (8 * i));
+    pos += sizeof(T);
+    return v;
+  }
+  std::string bytes(size_t len) {
+    if (n - pos < len) bad("unexpected end of index");
+    std::string s(reinterpret_cast<const char*>(p + pos), len);
+    pos += len;
+    return s;
+  }
+};
+}  // namespace
+
+std::string ShardIndex::serialize() const {
+  std::string s(kMagic, sizeof(kMagic));
+  put<uint64_t>(&s, shard_size);
+  put<uint64_t>(&s, samples.size());
+  for (const auto& e : samples) {
+    put<uint32_t>(&s, static_cast<uint32_t>(e.key.size()));
+    s += e.key;
+    put<uint32_t>(&s, static_cast<uint32_t>(e.fields.size()));
+    for (const auto& f : e.fields) {
+      put<uint16_t>(&s, static_cast<uint16_t>(f.ext.size()));
+      s += f.ext;
+      put<uint64_t>(&s, f.offset);
+      put<uint64_t>(&s, f.size);
+    }
+  }
+  return s;
+}
+
+ShardIndex ShardIndex::deserialize(const uint8_t* data, size_t size, const std::string& where) {
+  Cursor c{data, size, 0, where};
+  if (size < sizeof(kMagic) || std::memcmp(data, kMagic, sizeof(kMagic)) != 0) {
+    c.bad("not a torchspeed shard index (bad magic)");
+  }
+  c.pos = sizeof(kMagic);
+  ShardIndex idx;
+  idx.shard_size = c.get<uint64_t>();
+  const uint64_t count = c.get<uint64_t>();
+  // Each sample needs at least 8 bytes, so a huge count cannot make us allocate.
+  if (count > (size - c.pos) / 8) c.bad("sample count " + std::to_string(count) + " too large");
+  idx.samples.reserve(static_cast<size_t>(count));
+  for (uint64_t i = 0; i < count; ++i) {
+    SampleEntry e;
+    const uint32_t klen = c.get<uint32_t>();
+    e.key = c.bytes(klen);
+    const uint32_t nf = c.get<uint32_t>();
+    if (nf > (size - c.pos) / 18) c.bad("field count " + std::to_string(nf) + " too large");
+    for (uint32_t j = 0; j < nf; ++j) {
+      SampleField f;
+      const uint16_t elen = c.get<uint16_t>();
+      f.ext = c.bytes(elen);
+      f.offset = c.get<uint64_t>();
+      f.size = c.get<uint64_t>();
+      if (f.offset > idx.shard_size || f.size > idx.shard_size - f.offset) {
+        c.bad("field '" + e.key + "." + f.ext + "' lies outside the shard");
+      }
+      if (e.find(f.ext) != nullptr) c.bad("duplicate field '" + e.key + "." + f.ext + "'");
+      e.fields.push_back(std::move(f));
+    }
+    idx.samples.push_back(std::move(e));
+  }
+  if (c.pos != size) c.bad("trailing bytes");
+  return idx;
+}
+
+}  // namespace data
+}  // namespace torchspeed

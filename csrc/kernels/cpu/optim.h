@@ -1,0 +1,224 @@
+// Fused optimizer step kernels (Adam/AdamW, SGD, Lion, LAMB) as templates over the vector type.
+//
+// One pass per chunk: load grad (any float storage) and unscale/clip it in registers, load the
+// fp32 master (or the param), update the fp32 state, write state, master and rounded param, and
+// optionally apply a pruning mask and update an EMA copy. The arithmetic mirrors the order of
+// operations of torch.optim's for-loop implementation (explicit fma where its vectorised CPU
+// kernels use fmadd), so fp32 results agree to an ulp or so per step.
+#pragma once
+
+#include "kernels/cpu/vec.h"
+
+namespace torchspeed::kernels::cpu {
+namespace TORCHSPEED_CPU_ISA_NAMESPACE {
+
+/// Calls body(V-tag, i) over [0, n) in steps of V::kWidth, then body(scalar-tag, i) for the tail,
+/// so vector body and tail share one definition of the math.
+template <class V, class Body>
+inline void for_each_lane(int64_t n, Body&& body) {
+  using S = typename V::Scalar;
+  constexpr int64_t W = V::kWidth;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) body(V(0.f), i);
+  for (; i < n; ++i) body(S(0.f), i);
+}
+
+/// Reads the parameter's current fp32 value: the master when there is one.
+template <class U, typename P>
+inline U load_param(const OptimChunk& c, int64_t i) {
+  return c.master ? U::load(c.master + i) : U::load(static_cast<const P*>(c.param) + i);
+}
+
+/// Writes the new parameter value: mask, master, rounded param, EMA.
+template <class U, typename P>
+inline void store_param(const OptimChunk& c, const OptimScalars& s, int64_t i, U p) {
+  if (c.mask) p = select_nonzero(U::load(c.mask + i), p);
+  if (c.master) p.store(c.master + i);
+  p.store(static_cast<P*>(c.param) + i);
+  if (c.ema) {
+    const U e = U::load(c.ema + i);
+    fma(U(s.one_minus_ema_decay), p - e, e).store(c.ema + i);
+  }
+}
+
+/// The gradient as the update sees it: scaled (AMP unscale x clip coefficient) and negated for
+/// maximize.
+template <class U, typename G>
+inline U load_grad(const OptimChunk& c, const OptimScalars& s, int64_t i) {
+  U g = U::load(static_cast<const G*>(c.grad) + i);
+  if (s.grad_scale != 1.f) g = g * U(s.grad_scale);
+  return s.maximize ? -g : g;
+}
+
+template <class V, typename P, typename G>
+void adam_range(const OptimChunk& c, const OptimScalars& s) {
+  for_each_lane<V>(c.n, [&](auto tag, int64_t i) {
+    using U = decltype(tag);
+    U g = load_grad<U, G>(c, s, i);
+    U p = load_param<U, P>(c, i);
+    if (s.weight_decay != 0.f) {
+      if (s.decoupled_weight_decay) {
+        p = p * U(s.param_decay);  // param.mul_(1 - lr * wd)
+      } else {
+        g = fma(p, U(s.weight_decay), g);  // grad.add(param, alpha=wd)
+      }
+    }
+    U m = U::load(c.state0 + i);
+    m = fma(U(s.one_minus_beta1), g - m, m);  // exp_avg.lerp_(grad, 1 - beta1)
+    m.store(c.state0 + i);
+    U v = U::load(c.state1 + i) * U(s.beta2);  // exp_avg_sq.mul_(beta2)
+    v = v + U(s.one_minus_beta2) * g * g;      // .addcmul_(grad, grad, value=1 - beta2)
+    v.store(c.state1 + i);
+    if (s.amsgrad) {
+      v = max(U::load(c.state2 + i), v);
+      v.store(c.state2 + i);
+    }
+    const U denom = sqrt(v) / U(s.bias_correction2_sqrt) + U(s.eps);
+    p = p + U(-s.step_size) * m / denom;  // param.addcdiv_(exp_avg, denom, value=-step_size)
+    store_param<U, P>(c, s, i, p);
+  });
+}
+
+template <class V, typename P, typename G>
+void sgd_range(const OptimChunk& c, const OptimScalars& s) {
+  for_each_lane<V>(c.n, [&](auto tag, int64_t i) {
+    using U = decltype(tag);
+    U g = load_grad<U, G>(c, s, i);
+    U p = load_param<U, P>(c, i);
+    if (s.weight_decay != 0.f) g = fma(p, U(s.weight_decay), g);
+    if (s.momentum != 0.f) {
+      U buf = g;  // first step: buffer = clone(grad)
+      if (!s.first_step) {
+        buf = U::load(c.state0 + i) * U(s.momentum);
+        buf = fma(g, U(s.one_minus_dampening), buf);
+      }
+      buf.store(c.state0 + i);
+      g = s.nesterov ? fma(buf, U(s.momentum), g) : buf;
+    }
+    p = fma(g, U(-s.lr), p);
+    store_param<U, P>(c, s, i, p);
+  });
+}
+
+template <class V, typename P, typename G>
+void lion_range(const OptimChunk& c, const OptimScalars& s) {
+  for_each_lane<V>(c.n, [&](auto tag, int64_t i) {
+    using U = decltype(tag);
+    const U g = load_grad<U, G>(c, s, i);
+    U p = load_param<U, P>(c, i);
+    if (s.weight_decay != 0.f) p = p * U(s.param_decay);
+    U m = U::load(c.state0 + i);
+    const U direction = sign(fma(U(s.one_minus_beta1), g - m, m));  // sign(lerp(m, g, 1 - b1))
+    p = fma(direction, U(-s.lr), p);
+    fma(U(s.one_minus_beta2), g - m, m).store(c.state0 + i);  // m = lerp(m, g, 1 - b2)
+    store_param<U, P>(c, s, i, p);
+  });
+}
+
+/// LAMB's raw update u = m_hat / (sqrt(v_hat) + eps) + wd * p, from the updated moments.
+template <class U>
+inline U lamb_update(const OptimChunk& c, const OptimScalars& s, int64_t i, U p) {
+  const U m_hat = U::load(c.state0 + i) / U(s.bias_correction1);
+  const U v_hat = U::load(c.state1 + i) / U(s.bias_correction2);
+  return fma(U(s.weight_decay), p, m_hat / (sqrt(v_hat) + U(s.eps)));
+}
+
+template <class V, typename P, typename G>
+void lamb_phase1_range(const OptimChunk& c, const OptimScalars& s, double* param_sumsq,
+                       double* update_sumsq) {
+  V p_acc(0.f), u_acc(0.f);
+  typename V::Scalar p_tail(0.f), u_tail(0.f);
+  for_each_lane<V>(c.n, [&](auto tag, int64_t i) {
+    using U = decltype(tag);
+    const U g = load_grad<U, G>(c, s, i);
+    const U p = load_param<U, P>(c, i);
+    U m = U::load(c.state0 + i);
+    fma(U(s.one_minus_beta1), g - m, m).store(c.state0 + i);
+    U v = U::load(c.state1 + i) * U(s.beta2);
+    (v + U(s.one_minus_beta2) * g * g).store(c.state1 + i);
+    const U u = lamb_update<U>(c, s, i, p);
+    if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
+      p_acc = fma(p, p, p_acc);
+      u_acc = fma(u, u, u_acc);
+    } else {
+      p_tail = fma(p, p, p_tail);
+      u_tail = fma(u, u, u_tail);
+    }
+  });
+  *param_sumsq = p_acc.reduce_add() + p_tail.reduce_add();
+  *update_sumsq = u_acc.reduce_add() + u_tail.reduce_add();
+}
+
+template <class V, typename P, typename G>
+void lamb_phase2_range(const OptimChunk& c, const OptimScalars& s) {
+  for_each_lane<V>(c.n, [&](auto tag, int64_t i) {
+    using U = decltype(tag);
+    U p = load_param<U, P>(c, i);
+    p = fma(lamb_update<U>(c, s, i, p), U(-s.step_size), p);
+    store_param<U, P>(c, s, i, p);
+  });
+}
+
+/// Dispatches a range function over the (param, grad) storage types.
+template <template <class, typename, typename> class Range, class V, typename... Extra>
+void dispatch_storage(const OptimChunk& c, const OptimScalars& s, Extra... extra) {
+  auto with_grad = [&](auto param_tag) {
+    using P = decltype(param_tag);
+    switch (c.grad_dtype) {
+      case DType::kBFloat16:
+        return Range<V, P, bf16>::run(c, s, extra...);
+      case DType::kHalf:
+        return Range<V, P, fp16>::run(c, s, extra...);
+      default:
+        return Range<V, P, float>::run(c, s, extra...);
+    }
+  };
+  switch (c.param_dtype) {
+    case DType::kBFloat16:
+      return with_grad(bf16{});
+    case DType::kHalf:
+      return with_grad(fp16{});
+    default:
+      return with_grad(float{});
+  }
+}
+
+#define TORCHSPEED_OPTIM_RANGE(NAME, FN)                                     \
+  template <class V, typename P, typename G>                                 \
+  struct NAME {                                                              \
+    template <typename... A>                                                 \
+    static void run(const OptimChunk& c, const OptimScalars& s, A... extra) { \
+      FN<V, P, G>(c, s, extra...);                                           \
+    }                                                                        \
+  };
+TORCHSPEED_OPTIM_RANGE(AdamRange, adam_range)
+TORCHSPEED_OPTIM_RANGE(SgdRange, sgd_range)
+TORCHSPEED_OPTIM_RANGE(LionRange, lion_range)
+TORCHSPEED_OPTIM_RANGE(LambPhase1Range, lamb_phase1_range)
+TORCHSPEED_OPTIM_RANGE(LambPhase2Range, lamb_phase2_range)
+#undef TORCHSPEED_OPTIM_RANGE
+
+// The table entries (all share OptimFn's signature; only LAMB phase 1 uses the norm outputs).
+template <class V>
+void adam_step(const OptimChunk& c, const OptimScalars& s, double*, double*) {
+  dispatch_storage<AdamRange, V>(c, s);
+}
+template <class V>
+void sgd_step(const OptimChunk& c, const OptimScalars& s, double*, double*) {
+  dispatch_storage<SgdRange, V>(c, s);
+}
+template <class V>
+void lion_step(const OptimChunk& c, const OptimScalars& s, double*, double*) {
+  dispatch_storage<LionRange, V>(c, s);
+}
+template <class V>
+void lamb_phase1(const OptimChunk& c, const OptimScalars& s, double* p_sumsq, double* u_sumsq) {
+  dispatch_storage<LambPhase1Range, V>(c, s, p_sumsq, u_sumsq);
+}
+template <class V>
+void lamb_phase2(const OptimChunk& c, const OptimScalars& s, double*, double*) {
+  dispatch_storage<LambPhase2Range, V>(c, s);
+}
+
+}  // namespace TORCHSPEED_CPU_ISA_NAMESPACE
+}  // namespace torchspeed::kernels::cpu

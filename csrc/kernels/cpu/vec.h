@@ -1,0 +1,287 @@
+// SIMD vector of float lanes, one specialisation per ISA; every CPU kernel template is written
+// against this interface and instantiated once per ISA in its own translation unit.
+//
+// Torch-free on purpose: the ISA translation units are compiled with -mavx2/-mavx512f, and any
+// inline function they share with the rest of the library could be emitted with those
+// instructions and picked by the linker for every caller (an ODR trap that crashes older CPUs).
+// So the kernel layer includes only this header, <cmath>, <cstdint> and <cstring>, and lives in a
+// per-ISA namespace (TORCHSPEED_CPU_ISA_NAMESPACE, set by the build for each unit).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "kernels/cpu/types.h"
+
+#ifndef TORCHSPEED_CPU_ISA_NAMESPACE
+#error "kernels/cpu/vec.h: define TORCHSPEED_CPU_ISA_NAMESPACE (the build does, per ISA unit)"
+#endif
+
+namespace torchspeed::kernels::cpu {
+namespace TORCHSPEED_CPU_ISA_NAMESPACE {
+
+inline float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// bf16: the top half of an fp32; rounding to nearest even, NaN kept quiet (as c10::BFloat16).
+inline float to_float(bf16 x) { return bits_to_float(static_cast<uint32_t>(x.bits) << 16); }
+inline bf16 to_bf16(float f) {
+  if (std::isnan(f)) return bf16{0x7fc0};
+  const uint32_t u = float_to_bits(f);
+  const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
+  return bf16{static_cast<uint16_t>((u + rounding_bias) >> 16)};
+}
+
+// IEEE half <-> float in portable bit arithmetic (the scalar ISA may not use F16C).
+inline float to_float(fp16 h) {
+  const uint32_t sign = static_cast<uint32_t>(h.bits & 0x8000u) << 16;
+  const uint32_t exp = (h.bits >> 10) & 0x1fu;
+  uint32_t mant = h.bits & 0x3ffu;
+  if (exp == 0x1f) return bits_to_float(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  if (exp != 0) return bits_to_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  if (mant == 0) return bits_to_float(sign);  // signed zero
+  // Subnormal half: normalise into an fp32 normal.
+  int e = -1;
+  do {
+    mant <<= 1;
+    ++e;
+  } while ((mant & 0x400u) == 0);
+  return bits_to_float(sign | static_cast<uint32_t>(112 - e) << 23 | ((mant & 0x3ffu) << 13));
+}
+inline fp16 to_fp16(float f) {
+  const uint32_t u = float_to_bits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return fp16{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+  if (abs >= 0x477ff000u) return fp16{static_cast<uint16_t>(sign | 0x7c00u)};  // overflow -> inf
+  if (abs < 0x38800000u) {
+    // Result is a half subnormal (or zero): scale so the mantissa lands in the low bits and let
+    // the float adder round to nearest even.
+    const float magic = bits_to_float(0x3f000000u);  // 0.5: 2^-1, shifts subnormals into place
+    const float scaled = bits_to_float(abs) + magic;
+    return fp16{static_cast<uint16_t>(sign | (float_to_bits(scaled) - float_to_bits(magic)))};
+  }
+  const uint32_t mant_odd = (abs >> 13) & 1u;
+  const uint32_t rounded = abs + 0xc8000fffu + mant_odd;  // rebias exponent (-112 << 23) + RNE
+  return fp16{static_cast<uint16_t>(sign | (rounded >> 13))};
+}
+
+inline float to_float(float x) { return x; }
+inline double to_float(double x) { return x; }
+
+template <typename T>
+inline T from_float(float f);
+template <>
+inline float from_float<float>(float f) {
+  return f;
+}
+template <>
+inline bf16 from_float<bf16>(float f) {
+  return to_bf16(f);
+}
+template <>
+inline fp16 from_float<fp16>(float f) {
+  return to_fp16(f);
+}
+
+/// Scalar "vector" of one lane, over float or double. The tail of every vector loop and the whole
+/// scalar ISA use it, so the tail computes exactly what the vector body computes per lane.
+template <typename F>
+struct ScalarVec {
+  using Scalar = ScalarVec<F>;
+  static constexpr int kWidth = 1;
+  F v;
+  ScalarVec() = default;
+  explicit ScalarVec(F x) : v(x) {}
+  template <typename T>
+  static ScalarVec load(const T* p) {
+    return ScalarVec(static_cast<F>(to_float(*p)));
+  }
+  static ScalarVec load(const double* p) { return ScalarVec(static_cast<F>(*p)); }
+  template <typename T>
+  void store(T* p) const {
+    *p = from_float<T>(static_cast<float>(v));
+  }
+  void store(double* p) const { *p = static_cast<double>(v); }
+  friend ScalarVec operator+(ScalarVec a, ScalarVec b) { return ScalarVec(a.v + b.v); }
+  friend ScalarVec operator-(ScalarVec a, ScalarVec b) { return ScalarVec(a.v - b.v); }
+  friend ScalarVec operator*(ScalarVec a, ScalarVec b) { return ScalarVec(a.v * b.v); }
+  friend ScalarVec operator/(ScalarVec a, ScalarVec b) { return ScalarVec(a.v / b.v); }
+  friend ScalarVec operator-(ScalarVec a) { return ScalarVec(-a.v); }
+  /// a * b + c, fused (one rounding), like the vector ISAs' fma.
+  friend ScalarVec fma(ScalarVec a, ScalarVec b, ScalarVec c) {
+    return ScalarVec(std::fma(a.v, b.v, c.v));
+  }
+  friend ScalarVec sqrt(ScalarVec a) { return ScalarVec(std::sqrt(a.v)); }
+  friend ScalarVec abs(ScalarVec a) { return ScalarVec(std::fabs(a.v)); }
+  /// max that returns `a` when either is NaN is not needed; ties and NaN follow std::fmax.
+  friend ScalarVec max(ScalarVec a, ScalarVec b) { return ScalarVec(a.v > b.v ? a.v : b.v); }
+  /// +1, -1 or 0 (sign(0) = 0, as torch.sign).
+  friend ScalarVec sign(ScalarVec a) {
+    return ScalarVec(static_cast<F>((a.v > 0) - (a.v < 0)));
+  }
+  /// Keep `a` where mask_src != 0, else 0 (pruning masks): the mask is a {0,1} value.
+  friend ScalarVec select_nonzero(ScalarVec mask_src, ScalarVec a) {
+    return ScalarVec(mask_src.v != F(0) ? a.v : F(0));
+  }
+  double reduce_add() const { return static_cast<double>(v); }
+};
+
+#if defined(__AVX2__)
+/// 8 fp32 lanes (AVX2 + FMA + F16C).
+struct VecAvx2 {
+  using Scalar = ScalarVec<float>;  // the tail loops' type
+  static constexpr int kWidth = 8;
+  __m256 v;
+  VecAvx2() = default;
+  explicit VecAvx2(float x) : v(_mm256_set1_ps(x)) {}
+  explicit VecAvx2(__m256 x) : v(x) {}
+  static VecAvx2 load(const float* p) { return VecAvx2(_mm256_loadu_ps(p)); }
+  static VecAvx2 load(const bf16* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return VecAvx2(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  }
+  static VecAvx2 load(const fp16* p) {
+    return VecAvx2(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  void store(float* p) const { _mm256_storeu_ps(p, v); }
+  void store(bf16* p) const {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    r = _mm256_srli_epi32(r, 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
+  void store(fp16* p) const {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  friend VecAvx2 operator+(VecAvx2 a, VecAvx2 b) { return VecAvx2(_mm256_add_ps(a.v, b.v)); }
+  friend VecAvx2 operator-(VecAvx2 a, VecAvx2 b) { return VecAvx2(_mm256_sub_ps(a.v, b.v)); }
+  friend VecAvx2 operator*(VecAvx2 a, VecAvx2 b) { return VecAvx2(_mm256_mul_ps(a.v, b.v)); }
+  friend VecAvx2 operator/(VecAvx2 a, VecAvx2 b) { return VecAvx2(_mm256_div_ps(a.v, b.v)); }
+  friend VecAvx2 operator-(VecAvx2 a) { return VecAvx2(_mm256_xor_ps(a.v, _mm256_set1_ps(-0.f))); }
+  friend VecAvx2 fma(VecAvx2 a, VecAvx2 b, VecAvx2 c) {
+    return VecAvx2(_mm256_fmadd_ps(a.v, b.v, c.v));
+  }
+  friend VecAvx2 sqrt(VecAvx2 a) { return VecAvx2(_mm256_sqrt_ps(a.v)); }
+  friend VecAvx2 abs(VecAvx2 a) { return VecAvx2(_mm256_andnot_ps(_mm256_set1_ps(-0.f), a.v)); }
+  friend VecAvx2 max(VecAvx2 a, VecAvx2 b) {
+    // (a > b) ? a : b, lane-wise, matching ScalarVec::max including NaN handling.
+    return VecAvx2(_mm256_blendv_ps(b.v, a.v, _mm256_cmp_ps(a.v, b.v, _CMP_GT_OQ)));
+  }
+  friend VecAvx2 sign(VecAvx2 a) {
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256 pos = _mm256_and_ps(_mm256_cmp_ps(a.v, zero, _CMP_GT_OQ), _mm256_set1_ps(1.f));
+    const __m256 neg = _mm256_and_ps(_mm256_cmp_ps(a.v, zero, _CMP_LT_OQ), _mm256_set1_ps(1.f));
+    return VecAvx2(_mm256_sub_ps(pos, neg));
+  }
+  friend VecAvx2 select_nonzero(VecAvx2 mask_src, VecAvx2 a) {
+    const __m256 keep = _mm256_cmp_ps(mask_src.v, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+    return VecAvx2(_mm256_and_ps(keep, a.v));
+  }
+  double reduce_add() const {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, v);
+    double s = 0;
+    for (float x : lanes) s += x;
+    return s;
+  }
+};
+#endif
+
+#if defined(__AVX512F__)
+/// 16 fp32 lanes (AVX-512 F/BW/VL/DQ).
+struct VecAvx512 {
+  using Scalar = ScalarVec<float>;  // the tail loops' type
+  static constexpr int kWidth = 16;
+  __m512 v;
+  VecAvx512() = default;
+  explicit VecAvx512(float x) : v(_mm512_set1_ps(x)) {}
+  explicit VecAvx512(__m512 x) : v(x) {}
+  static VecAvx512 load(const float* p) { return VecAvx512(_mm512_loadu_ps(p)); }
+  static VecAvx512 load(const bf16* p) {
+    const __m512i w =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return VecAvx512(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+  }
+  static VecAvx512 load(const fp16* p) {
+    return VecAvx512(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+  }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void store(bf16* p) const {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    r = _mm512_srli_epi32(r, 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+  void store(fp16* p) const {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  friend VecAvx512 operator+(VecAvx512 a, VecAvx512 b) {
+    return VecAvx512(_mm512_add_ps(a.v, b.v));
+  }
+  friend VecAvx512 operator-(VecAvx512 a, VecAvx512 b) {
+    return VecAvx512(_mm512_sub_ps(a.v, b.v));
+  }
+  friend VecAvx512 operator*(VecAvx512 a, VecAvx512 b) {
+    return VecAvx512(_mm512_mul_ps(a.v, b.v));
+  }
+  friend VecAvx512 operator/(VecAvx512 a, VecAvx512 b) {
+    return VecAvx512(_mm512_div_ps(a.v, b.v));
+  }
+  friend VecAvx512 operator-(VecAvx512 a) {
+    return VecAvx512(_mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(a.v), _mm512_set1_epi32(INT32_MIN))));
+  }
+  friend VecAvx512 fma(VecAvx512 a, VecAvx512 b, VecAvx512 c) {
+    return VecAvx512(_mm512_fmadd_ps(a.v, b.v, c.v));
+  }
+  friend VecAvx512 sqrt(VecAvx512 a) { return VecAvx512(_mm512_sqrt_ps(a.v)); }
+  friend VecAvx512 abs(VecAvx512 a) { return VecAvx512(_mm512_abs_ps(a.v)); }
+  friend VecAvx512 max(VecAvx512 a, VecAvx512 b) {
+    return VecAvx512(_mm512_mask_mov_ps(b.v, _mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ), a.v));
+  }
+  friend VecAvx512 sign(VecAvx512 a) {
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 one = _mm512_set1_ps(1.f);
+    const __m512 pos = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a.v, zero, _CMP_GT_OQ), one);
+    const __m512 neg = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a.v, zero, _CMP_LT_OQ), one);
+    return VecAvx512(_mm512_sub_ps(pos, neg));
+  }
+  friend VecAvx512 select_nonzero(VecAvx512 mask_src, VecAvx512 a) {
+    return VecAvx512(
+        _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mask_src.v, _mm512_setzero_ps(), _CMP_NEQ_UQ), a.v));
+  }
+  double reduce_add() const {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, v);
+    double s = 0;
+    for (float x : lanes) s += x;
+    return s;
+  }
+};
+#endif
+
+}  // namespace TORCHSPEED_CPU_ISA_NAMESPACE
+}  // namespace torchspeed::kernels::cpu

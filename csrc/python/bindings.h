@@ -1,0 +1,11 @@
+// Declarations of each area's pybind11 bindings, called from module.cpp.
+#pragma once
+
+#include <torch/extension.h>
+
+namespace torchspeed::python {
+
+void bind_optim(pybind11::module_& m);
+void bind_data(pybind11::module_& m);
+
+}  // namespace torchspeed::python

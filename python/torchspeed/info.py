@@ -1,0 +1,69 @@
+"""`python -m torchspeed.info`: what this torchspeed was built with and what it finds at run time."""
+
+import argparse
+import json
+import os
+import platform
+
+
+def collect() -> dict:
+    import torch
+
+    import torchspeed
+    from torchspeed import _C
+
+    built = dict(torchspeed.build_info)
+    cpu_model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        isa_now = _C.cpu_isa()
+    except RuntimeError as e:  # a bad TORCHSPEED_CPU_ISA
+        isa_now = f"error: {e}"
+    return {
+        "torchspeed": built.get("version"),
+        "torch_built_against": built.get("torch_version"),
+        "torch_running": torch.__version__,
+        "cuda_compiled": built.get("cuda"),
+        "cuda_architectures": built.get("cuda_architectures"),
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cpu_isas_compiled": _C.cpu_isas_compiled().split(","),
+        "cpu_isa_detected": _C.cpu_isa_detected(),
+        "cpu_isa_selected": isa_now,
+        "cpu_isa_env": os.environ.get("TORCHSPEED_CPU_ISA"),
+        "cpu_model": cpu_model,
+        "cpu_threads": torch.get_num_threads(),
+        "features": built.get("features", []),
+        "compiler": built.get("cxx_compiler"),
+        "build_type": built.get("build_type"),
+        "sanitize": built.get("sanitize") or None,
+        "python": platform.python_version(),
+        "cmake_prefix_path": torchspeed.cmake_prefix_path,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchspeed.info", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    args = parser.parse_args(argv)
+    info = collect()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        if isinstance(value, list):
+            value = ", ".join(str(v) for v in value) or "-"
+        print(f"{key:<{width}}  {value if value is not None else '-'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

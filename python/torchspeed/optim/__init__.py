@@ -1,0 +1,1 @@
+"""Fused drop-in replacements for torch.optim optimizers."""

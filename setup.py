@@ -1,0 +1,96 @@
+"""Thin driver for the CMake build: configures, builds and installs CMake's outputs into the package.
+
+CMakeLists.txt is the only build description. This file finds the torch you have installed, builds
+against it (so use ``pip install --no-build-isolation .``), and pins that torch version at run time.
+
+Environment knobs: TORCHSPEED_WITH_CUDA=AUTO|ON|OFF, TORCHSPEED_BUILD_DIR (default build/py),
+CMAKE_ARGS (extra -D options), MAX_JOBS (parallel compile jobs), CMAKE_BUILD_TYPE (default Release).
+"""
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        sys.exit(
+            "torchspeed builds against the torch already installed in this environment, and none "
+            "was found.\nInstall it first (pip install torch==2.13.0), then build with build "
+            "isolation off: pip install --no-build-isolation ."
+        )
+    return torch
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        torch = _torch()
+        package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        if getattr(self, "editable_mode", False) or self.inplace:
+            # Editable install: the package is the source folder; install CMake's outputs there
+            # (lib/, include/, share/, _C, build_info.json; all git-ignored).
+            package_dir = ROOT / "python" / "torchspeed"
+        build_dir = Path(os.environ.get("TORCHSPEED_BUILD_DIR", ROOT / "build" / "py")).resolve()
+        build_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            f"-DCMAKE_BUILD_TYPE={os.environ.get('CMAKE_BUILD_TYPE', 'Release')}",
+            f"-DCMAKE_INSTALL_PREFIX={package_dir}",
+            "-DCMAKE_INSTALL_LIBDIR=lib",
+            "-DTORCHSPEED_PYTHON_INSTALL_DIR=.",
+            "-DTORCHSPEED_BUILD_PYTHON=ON",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            f"-DTORCHSPEED_WITH_CUDA={os.environ.get('TORCHSPEED_WITH_CUDA', 'AUTO')}",
+        ]
+        if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
+            args += ["-G", "Ninja"]
+        args += shlex.split(os.environ.get("CMAKE_ARGS", ""))
+        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args])
+        subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs])
+        subprocess.check_call(["cmake", "--install", str(build_dir)])
+        expected = Path(self.get_ext_fullpath(ext.name)).resolve()
+        if expected.parent != package_dir:  # editable: setuptools copies _C from its build dir
+            expected.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(package_dir / expected.name, expected)
+
+
+def _torch_requirement() -> list:
+    try:
+        import torch
+    except ImportError:
+        return []
+    # The binary links this torch's C++ ABI: run it with the same release.
+    return [f"torch=={torch.__version__.split('+')[0]}"]
+
+
+setup(
+    name="torchspeed",
+    version="0.1.0",
+    description="LibTorch extension toolkit that makes PyTorch training faster",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    package_dir={"": "python"},
+    packages=find_packages("python"),
+    ext_modules=[CMakeExtension("torchspeed._C")],
+    cmdclass={"build_ext": CMakeBuild},
+    install_requires=_torch_requirement() + ["numpy"],
+    entry_points={"console_scripts": ["torchspeed=torchspeed.cli:main"]},
+    zip_safe=False,
+)
