@@ -13,6 +13,10 @@ JPEG_LIBS=""
 if pkg-config --exists libturbojpeg; then
   JPEG_FLAGS="-DTORCHSPEED_WITH_JPEG=1 $(pkg-config --cflags libturbojpeg)"
   JPEG_LIBS="$(pkg-config --libs libturbojpeg)"
+  if pkg-config --exists libjpeg; then
+    JPEG_FLAGS="$JPEG_FLAGS -DTORCHSPEED_WITH_LIBJPEG=1 $(pkg-config --cflags libjpeg)"
+    JPEG_LIBS="$JPEG_LIBS $(pkg-config --libs libjpeg)"
+  fi
 fi
 PNG_FLAGS="$(pkg-config --cflags libpng 2>/dev/null || true)"
 PNG_LIBS="$(pkg-config --libs libpng 2>/dev/null || echo -lpng)"

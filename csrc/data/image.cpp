@@ -10,6 +10,10 @@
 #include <cstring>
 #include <stdexcept>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "rng.h"
 
 #ifndef TORCHSPEED_WITH_JPEG
@@ -17,6 +21,15 @@
 #endif
 #if TORCHSPEED_WITH_JPEG
 #include <turbojpeg.h>
+#endif
+#ifndef TORCHSPEED_WITH_LIBJPEG
+#define TORCHSPEED_WITH_LIBJPEG 0
+#endif
+#if TORCHSPEED_WITH_JPEG && TORCHSPEED_WITH_LIBJPEG
+#include <jpeglib.h>
+
+#include <csetjmp>
+#include <cstdio>
 #endif
 
 namespace torchspeed {
@@ -26,7 +39,8 @@ namespace {
 #ifndef TORCHSPEED_DATA_MAX_PIXELS
 #define TORCHSPEED_DATA_MAX_PIXELS (int64_t{1} << 28)
 #endif
-// Decompression-bomb guard (268 Mpx by default; the fuzz build lowers it to keep allocations small).
+// Decompression-bomb guard (268 Mpx by default; the fuzz build lowers it to keep allocations
+// small).
 constexpr int64_t kMaxPixels = TORCHSPEED_DATA_MAX_PIXELS;
 
 [[noreturn]] void decode_error(const std::string& what) {
@@ -56,8 +70,8 @@ tjhandle thread_tj() {
 void probe_png(const uint8_t* data, size_t size, int* w, int* h) {
   if (size < 24 || std::memcmp(data + 12, "IHDR", 4) != 0) decode_error("corrupt PNG: no IHDR");
   auto be32 = [&](size_t o) {
-    return (uint32_t{data[o]} << 24) | (uint32_t{data[o + 1]} << 16) | (uint32_t{data[o + 2]} << 8) |
-           uint32_t{data[o + 3]};
+    return (uint32_t{data[o]} << 24) | (uint32_t{data[o + 1]} << 16) |
+           (uint32_t{data[o + 2]} << 8) | uint32_t{data[o + 3]};
   };
   const uint32_t pw = be32(16), ph = be32(20);
   if (pw == 0 || ph == 0 || pw > (1u << 24) || ph > (1u << 24)) {
@@ -133,9 +147,99 @@ inline uint8_t clip8(int v) {
   return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
 }
 
-void resample_strided(const uint8_t* src, int src_w, int src_h, size_t src_stride, const float box[4],
-                      int dst_w, int dst_h, int win_x, int win_y, int win_w, int win_h,
-                      uint8_t* out, std::vector<uint8_t>* scratch) {
+// The two passes are compiled for AVX2 and for the baseline ISA (picked at load time by the
+// dynamic loader); integer sums are exact, so every variant gives identical pixels.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__clang__)
+#define TORCHSPEED_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define TORCHSPEED_MULTIVERSION
+#endif
+
+// One output pixel of the horizontal pass (scalar reference).
+inline void horizontal_pixel(const uint8_t* row, const Coeffs& ch, int xx, uint8_t* o) {
+  const int xmin = ch.bounds[static_cast<size_t>(xx) * 2];
+  const int xmax = ch.bounds[static_cast<size_t>(xx) * 2 + 1];
+  const int* k = &ch.kk[static_cast<size_t>(xx) * ch.ksize];
+  int s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
+  const uint8_t* p = row + static_cast<size_t>(xmin) * 3;
+  for (int x = 0; x < xmax; ++x) {
+    s0 += p[3 * x] * k[x];
+    s1 += p[3 * x + 1] * k[x];
+    s2 += p[3 * x + 2] * k[x];
+  }
+  o[0] = clip8(s0);
+  o[1] = clip8(s1);
+  o[2] = clip8(s2);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// SSE4.1: one 4-byte load per tap feeds all three channels (lane 3 is ignored). Pixels whose last
+// tap is the row's last pixel take the scalar path, so no load reads past a row's crop.
+__attribute__((target("sse4.1"))) void horizontal_row_sse41(const uint8_t* row, int src_w,
+                                                            const Coeffs& ch, int x0, int x1,
+                                                            uint8_t* out) {
+  const __m128i init = _mm_set1_epi32(1 << (kPrecisionBits - 1));
+  for (int xx = x0; xx < x1; ++xx) {
+    const int xmin = ch.bounds[static_cast<size_t>(xx) * 2];
+    const int xmax = ch.bounds[static_cast<size_t>(xx) * 2 + 1];
+    uint8_t* o = out + static_cast<size_t>(xx - x0) * 3;
+    if (xmin + xmax >= src_w) {
+      horizontal_pixel(row, ch, xx, o);
+      continue;
+    }
+    const int* k = &ch.kk[static_cast<size_t>(xx) * ch.ksize];
+    const uint8_t* p = row + static_cast<size_t>(xmin) * 3;
+    __m128i acc = init;
+    for (int x = 0; x < xmax; ++x) {
+      int32_t v;
+      std::memcpy(&v, p + 3 * x, 4);
+      const __m128i px = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(v));
+      acc = _mm_add_epi32(acc, _mm_mullo_epi32(px, _mm_set1_epi32(k[x])));
+    }
+    acc = _mm_srai_epi32(acc, kPrecisionBits);
+    const __m128i b8 = _mm_packus_epi16(_mm_packs_epi32(acc, acc), _mm_setzero_si128());
+    const uint32_t rgb = static_cast<uint32_t>(_mm_cvtsi128_si32(b8));
+    o[0] = static_cast<uint8_t>(rgb);
+    o[1] = static_cast<uint8_t>(rgb >> 8);
+    o[2] = static_cast<uint8_t>(rgb >> 16);
+  }
+}
+bool cpu_has_sse41() {
+  static const bool has = __builtin_cpu_supports("sse4.1");
+  return has;
+}
+#endif
+
+// One row of the horizontal pass: out[xx] for xx in [x0, x1) from an RGB source row.
+void horizontal_row(const uint8_t* row, int src_w, const Coeffs& ch, int x0, int x1, uint8_t* out) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (cpu_has_sse41()) {
+    horizontal_row_sse41(row, src_w, ch, x0, x1, out);
+    return;
+  }
+#endif
+  (void)src_w;
+  for (int xx = x0; xx < x1; ++xx)
+    horizontal_pixel(row, ch, xx, out + static_cast<size_t>(xx - x0) * 3);
+}
+
+// One output row of the vertical pass, accumulated row by row so the inner loop vectorizes.
+TORCHSPEED_MULTIVERSION
+void vertical_row(const uint8_t* tmp, size_t stride, int ymin, int ymax, const int* k, size_t n,
+                  int32_t* acc, uint8_t* out) {
+  for (size_t i = 0; i < n; ++i) acc[i] = 1 << (kPrecisionBits - 1);
+  for (int y = 0; y < ymax; ++y) {
+    const uint8_t* p = tmp + static_cast<size_t>(ymin + y) * stride;
+    const int32_t kv = k[y];
+    for (size_t i = 0; i < n; ++i) acc[i] += p[i] * kv;
+  }
+  for (size_t i = 0; i < n; ++i) out[i] = clip8(acc[i]);
+}
+
+void resample_strided(const uint8_t* src, int src_w, int src_h, size_t src_stride,
+                      const float box[4], int dst_w, int dst_h, int win_x, int win_y, int win_w,
+                      int win_h, uint8_t* out, std::vector<uint8_t>* scratch) {
   const bool need_h = dst_w != src_w || box[0] != 0 || box[2] != dst_w;
   const bool need_v = dst_h != src_h || box[1] != 0 || box[3] != dst_h;
   int r0 = win_y, r1 = win_y + win_h;
@@ -153,48 +257,133 @@ void resample_strided(const uint8_t* src, int src_w, int src_h, size_t src_strid
   if (need_h) {
     const Coeffs ch = precompute_coeffs(src_w, box[0], box[2], dst_w);
     for (int r = r0; r < r1; ++r) {
-      const uint8_t* row = src + static_cast<size_t>(r) * src_stride;
-      uint8_t* trow = tmp + static_cast<size_t>(r - r0) * tstride;
-      for (int xx = win_x; xx < win_x + win_w; ++xx) {
-        const int xmin = ch.bounds[static_cast<size_t>(xx) * 2];
-        const int xmax = ch.bounds[static_cast<size_t>(xx) * 2 + 1];
-        const int* k = &ch.kk[static_cast<size_t>(xx) * ch.ksize];
-        int s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
-        const uint8_t* p = row + static_cast<size_t>(xmin) * 3;
-        for (int x = 0; x < xmax; ++x) {
-          s0 += p[3 * x] * k[x];
-          s1 += p[3 * x + 1] * k[x];
-          s2 += p[3 * x + 2] * k[x];
-        }
-        uint8_t* o = trow + static_cast<size_t>(xx - win_x) * 3;
-        o[0] = clip8(s0);
-        o[1] = clip8(s1);
-        o[2] = clip8(s2);
-      }
+      horizontal_row(src + static_cast<size_t>(r) * src_stride, src_w, ch, win_x, win_x + win_w,
+                     tmp + static_cast<size_t>(r - r0) * tstride);
     }
   } else {
     for (int r = r0; r < r1; ++r) {
       std::memcpy(tmp + static_cast<size_t>(r - r0) * tstride,
-                  src + static_cast<size_t>(r) * src_stride + static_cast<size_t>(win_x) * 3, tstride);
+                  src + static_cast<size_t>(r) * src_stride + static_cast<size_t>(win_x) * 3,
+                  tstride);
     }
   }
   if (need_v) {
+    thread_local std::vector<int32_t> acc;
+    acc.resize(tstride);
     for (int yy = win_y; yy < win_y + win_h; ++yy) {
-      const int ymin = cv.bounds[static_cast<size_t>(yy) * 2] - r0;
-      const int ymax = cv.bounds[static_cast<size_t>(yy) * 2 + 1];
-      const int* k = &cv.kk[static_cast<size_t>(yy) * cv.ksize];
-      uint8_t* orow = out + static_cast<size_t>(yy - win_y) * tstride;
-      for (size_t i = 0; i < tstride; ++i) {
-        int s = 1 << (kPrecisionBits - 1);
-        const uint8_t* p = tmp + static_cast<size_t>(ymin) * tstride + i;
-        for (int y = 0; y < ymax; ++y) s += p[static_cast<size_t>(y) * tstride] * k[y];
-        orow[i] = clip8(s);
-      }
+      vertical_row(tmp, tstride, cv.bounds[static_cast<size_t>(yy) * 2] - r0,
+                   cv.bounds[static_cast<size_t>(yy) * 2 + 1],
+                   &cv.kk[static_cast<size_t>(yy) * cv.ksize], tstride, acc.data(),
+                   out + static_cast<size_t>(yy - win_y) * tstride);
     }
   } else {
     std::memcpy(out, tmp, static_cast<size_t>(win_h) * tstride);
   }
 }
+
+#if TORCHSPEED_WITH_JPEG && TORCHSPEED_WITH_LIBJPEG
+// Region decode through the libjpeg API of the same libjpeg-turbo: only the rows down to the
+// region's bottom are entropy-decoded, rows above it skip IDCT/upsampling/colour conversion
+// (jpeg_skip_scanlines) and columns outside it skip IDCT (jpeg_crop_scanline). A margin of
+// kRegionMargin pixels keeps the region away from the cropped decode's edges, where fancy
+// upsampling lacks its neighbours, so the region's pixels equal a full decode's (tested).
+constexpr int kRegionMargin = 16;
+
+struct JpegErr {
+  jpeg_error_mgr mgr;
+  jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void jpeg_error_exit_cb(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegErr*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+void jpeg_emit_message_cb(j_common_ptr cinfo, int level) {
+  if (level < 0) {  // a warning means corrupt data: fail like TJFLAG_STOPONWARNING
+    auto* err = reinterpret_cast<JpegErr*>(cinfo->err);
+    (*cinfo->err->format_message)(cinfo, err->message);
+    std::longjmp(err->jump, 1);
+  }
+}
+
+struct RegionResult {
+  int x_offset = 0, y_offset = 0;  // position of pixels[0] in the scaled image
+  int width = 0, height = 0;
+};
+
+// POD-only frame between setjmp and longjmp: `out` is sized before, and nothing with a
+// destructor lives in this function.
+bool decode_jpeg_region_raw(const uint8_t* data, size_t size, int scale_denom, int x0, int y0,
+                            int x1, int y1, std::vector<uint8_t>* out, RegionResult* res,
+                            char* message) {
+  jpeg_decompress_struct cinfo;
+  JpegErr err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_error_exit_cb;
+  err.mgr.emit_message = jpeg_emit_message_cb;
+  err.message[0] = 0;
+  if (setjmp(err.jump)) {
+    std::snprintf(message, JMSG_LENGTH_MAX, "%s", err.message);
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  cinfo.out_color_space = JCS_RGB;
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = static_cast<unsigned int>(scale_denom);
+  cinfo.dct_method = JDCT_ISLOW;
+  jpeg_start_decompress(&cinfo);
+  const int sw = static_cast<int>(cinfo.output_width), sh = static_cast<int>(cinfo.output_height);
+  const int mx0 = std::max(0, x0 - kRegionMargin), mx1 = std::min(sw, x1 + kRegionMargin);
+  const int my0 = std::max(0, y0 - kRegionMargin), my1 = std::min(sh, y1 + kRegionMargin);
+  JDIMENSION xoff = static_cast<JDIMENSION>(mx0), width = static_cast<JDIMENSION>(mx1 - mx0);
+  if (mx0 > 0 || mx1 < sw) jpeg_crop_scanline(&cinfo, &xoff, &width);
+  const size_t stride = static_cast<size_t>(cinfo.output_width) * 3;
+  const size_t need = stride * static_cast<size_t>(my1 - my0);
+  if (need > out->size()) {  // cannot resize here safely (setjmp frame); the caller retries
+    res->width = -1;
+    res->height = static_cast<int>(need / std::max<size_t>(stride, 1));
+    res->x_offset = static_cast<int>(stride);
+    jpeg_abort_decompress(&cinfo);
+    jpeg_destroy_decompress(&cinfo);
+    return true;
+  }
+  if (my0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(my0));
+  uint8_t* base = out->data();
+  while (static_cast<int>(cinfo.output_scanline) < my1) {
+    JSAMPROW row =
+        base + static_cast<size_t>(static_cast<int>(cinfo.output_scanline) - my0) * stride;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  res->x_offset = static_cast<int>(xoff);
+  res->y_offset = my0;
+  res->width = static_cast<int>(cinfo.output_width);
+  res->height = my1 - my0;
+  jpeg_abort_decompress(&cinfo);  // stop early: the rows below the region are never decoded
+  jpeg_destroy_decompress(&cinfo);
+  return true;
+}
+
+// Decodes at least [x0, x1) x [y0, y1) of the 1/scale_denom image into `out` (packed RGB of
+// res->width x res->height whose origin in the scaled image is (x_offset, y_offset)).
+void decode_jpeg_region(const uint8_t* data, size_t size, int scale_denom, int x0, int y0, int x1,
+                        int y1, std::vector<uint8_t>* out, RegionResult* res) {
+  char message[JMSG_LENGTH_MAX] = {0};
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!decode_jpeg_region_raw(data, size, scale_denom, x0, y0, x1, y1, out, res, message)) {
+      decode_error(std::string("corrupt JPEG: ") + message);
+    }
+    if (res->width >= 0) return;
+    out->resize(static_cast<size_t>(res->x_offset) * static_cast<size_t>(res->height));
+  }
+  decode_error("internal error: region buffer sizing failed");
+}
+#endif
 
 int choose_scale(bool allowed, int have_w, int have_h, int need_w, int need_h) {
   if (!allowed) return 1;
@@ -256,8 +445,8 @@ void decode_image(const uint8_t* data, size_t size, int scale_denom, RgbImage* o
     out->width = sw;
     out->height = sh;
     out->pixels.resize(static_cast<size_t>(sw) * sh * 3);
-    if (tjDecompress2(thread_tj(), data, static_cast<unsigned long>(size), out->pixels.data(), sw, 0,
-                      sh, TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
+    if (tjDecompress2(thread_tj(), data, static_cast<unsigned long>(size), out->pixels.data(), sw,
+                      0, sh, TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
       decode_error(std::string("corrupt JPEG: ") + tjGetErrorStr2(thread_tj()));
     }
     return;
@@ -430,7 +619,26 @@ void process_image(const uint8_t* data, size_t size, const ImageTransformOptions
   probe_image(data, size, &w, &h);
   const ImageFormat fmt = detect_image_format(data, size);
   const ImageDraw d = draw_image_params(opt, w, h, fmt == ImageFormat::kJpeg, seed, epoch, index);
-  decode_image(data, size, d.scale_denom, &decoded);
+  // Origin of decoded.pixels[0] in the (scaled) image; non-zero after a region decode.
+  int org_x = 0, org_y = 0;
+#if TORCHSPEED_WITH_JPEG && TORCHSPEED_WITH_LIBJPEG
+  if (fmt == ImageFormat::kJpeg && opt.mode == CropMode::kRandomResizedCrop &&
+      int64_t{d.crop_width} * d.crop_height < int64_t{w} * h) {
+    const int f = d.scale_denom;
+    const int rx0 = d.crop_left / f, ry0 = d.crop_top / f;
+    const int rx1 = (d.crop_left + d.crop_width + f - 1) / f;
+    const int ry1 = (d.crop_top + d.crop_height + f - 1) / f;
+    RegionResult rr;
+    decode_jpeg_region(data, size, f, rx0, ry0, rx1 + 1, ry1 + 1, &decoded.pixels, &rr);
+    decoded.width = rr.width;
+    decoded.height = rr.height;
+    org_x = rr.x_offset;
+    org_y = rr.y_offset;
+  } else
+#endif
+  {
+    decode_image(data, size, d.scale_denom, &decoded);
+  }
   if (times) times->decode += seconds_since(t0);
   t0 = Clock::now();
 
@@ -444,8 +652,9 @@ void process_image(const uint8_t* data, size_t size, const ImageTransformOptions
       if (f == 1) {
         const float box[4] = {0.f, 0.f, static_cast<float>(d.crop_width),
                               static_cast<float>(d.crop_height)};
-        const uint8_t* src = decoded.pixels.data() + static_cast<size_t>(d.crop_top) * stride +
-                             static_cast<size_t>(d.crop_left) * 3;
+        const uint8_t* src = decoded.pixels.data() +
+                             static_cast<size_t>(d.crop_top - org_y) * stride +
+                             static_cast<size_t>(d.crop_left - org_x) * 3;
         resample_strided(src, d.crop_width, d.crop_height, stride, box, ow, oh, 0, 0, ow, oh,
                          resized.data(), &scratch);
       } else {
@@ -455,12 +664,12 @@ void process_image(const uint8_t* data, size_t size, const ImageTransformOptions
         const double fx1 = static_cast<double>(d.crop_left + d.crop_width) / f;
         const double fy1 = static_cast<double>(d.crop_top + d.crop_height) / f;
         const int ix0 = static_cast<int>(std::floor(fx0)), iy0 = static_cast<int>(std::floor(fy0));
-        const int ix1 = std::min(static_cast<int>(std::ceil(fx1)), sw);
-        const int iy1 = std::min(static_cast<int>(std::ceil(fy1)), sh);
+        const int ix1 = std::min(static_cast<int>(std::ceil(fx1)), org_x + sw);
+        const int iy1 = std::min(static_cast<int>(std::ceil(fy1)), org_y + sh);
         const float box[4] = {static_cast<float>(fx0 - ix0), static_cast<float>(fy0 - iy0),
                               static_cast<float>(fx1 - ix0), static_cast<float>(fy1 - iy0)};
-        const uint8_t* src =
-            decoded.pixels.data() + static_cast<size_t>(iy0) * stride + static_cast<size_t>(ix0) * 3;
+        const uint8_t* src = decoded.pixels.data() + static_cast<size_t>(iy0 - org_y) * stride +
+                             static_cast<size_t>(ix0 - org_x) * 3;
         resample_strided(src, ix1 - ix0, iy1 - iy0, stride, box, ow, oh, 0, 0, ow, oh,
                          resized.data(), &scratch);
       }

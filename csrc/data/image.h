@@ -15,7 +15,8 @@ namespace data {
 
 enum class ImageFormat { kUnknown, kJpeg, kPng };
 TORCHSPEED_API ImageFormat detect_image_format(const uint8_t* data, size_t size);
-TORCHSPEED_API bool jpeg_supported();  // false when built without libjpeg-turbo (TORCHSPEED_WITH_JPEG=0)
+TORCHSPEED_API bool
+jpeg_supported();  // false when built without libjpeg-turbo (TORCHSPEED_WITH_JPEG=0)
 
 // An 8-bit RGB image, rows packed (stride = 3 * width).
 struct RgbImage {
@@ -37,8 +38,9 @@ TORCHSPEED_API void decode_image(const uint8_t* data, size_t size, int scale_den
 // of src_w x src_h to a dst_w x dst_h image with PIL's BILINEAR filter (antialiased when
 // shrinking), bit-exact with Pillow's Image.resize(size, BILINEAR, box). Only the output window
 // [win_x, win_x + win_w) x [win_y, win_y + win_h) is computed and written to `out` (packed RGB).
-TORCHSPEED_API void resample_bilinear(const uint8_t* src, int src_w, int src_h, const float box[4], int dst_w,
-                       int dst_h, int win_x, int win_y, int win_w, int win_h, uint8_t* out);
+TORCHSPEED_API void resample_bilinear(const uint8_t* src, int src_w, int src_h, const float box[4],
+                                      int dst_w, int dst_h, int win_x, int win_y, int win_w,
+                                      int win_h, uint8_t* out);
 
 // The random (or fixed) choices for one sample, a pure function of (options, image size, seed,
 // epoch, index). crop_* are in original-image pixels; scale_denom is the JPEG decode scale chosen.
@@ -48,8 +50,9 @@ struct ImageDraw {
   int scale_denom = 1;
   int resize_width = 0, resize_height = 0;  // kResize / kResizeCenterCrop: intermediate size
 };
-TORCHSPEED_API ImageDraw draw_image_params(const ImageTransformOptions& opt, int width, int height, bool is_jpeg,
-                            uint64_t seed, uint64_t epoch, uint64_t index);
+TORCHSPEED_API ImageDraw draw_image_params(const ImageTransformOptions& opt, int width, int height,
+                                           bool is_jpeg, uint64_t seed, uint64_t epoch,
+                                           uint64_t index);
 
 // Per-sample stage timings in seconds (added to by process_image).
 struct StageTimes {
@@ -61,11 +64,12 @@ TORCHSPEED_API size_t image_output_bytes(const ImageTransformOptions& opt);
 
 // Full pipeline for one encoded image: probe, draw, decode (scaled), crop/resize, flip, store as
 // uint8 or float32 in CHW or HWC into `dst` (image_output_bytes(opt) bytes).
-TORCHSPEED_API void process_image(const uint8_t* data, size_t size, const ImageTransformOptions& opt,
-                   uint64_t seed, uint64_t epoch, uint64_t index, void* dst,
-                   StageTimes* times = nullptr);
+TORCHSPEED_API void process_image(const uint8_t* data, size_t size,
+                                  const ImageTransformOptions& opt, uint64_t seed, uint64_t epoch,
+                                  uint64_t index, void* dst, StageTimes* times = nullptr);
 
-TORCHSPEED_API void validate_transform_options(const ImageTransformOptions& opt);  // throws std::invalid_argument
+TORCHSPEED_API void validate_transform_options(
+    const ImageTransformOptions& opt);  // throws std::invalid_argument
 
 }  // namespace data
 }  // namespace torchspeed

@@ -16,7 +16,8 @@ namespace data {
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    throw std::runtime_error("torchspeed.data: cannot open '" + path + "': " + std::strerror(errno));
+    throw std::runtime_error("torchspeed.data: cannot open '" + path +
+                             "': " + std::strerror(errno));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -30,7 +31,8 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     if (p == MAP_FAILED) {
       int err = errno;
       ::close(fd);
-      throw std::runtime_error("torchspeed.data: cannot mmap '" + path + "': " + std::strerror(err));
+      throw std::runtime_error("torchspeed.data: cannot mmap '" + path +
+                               "': " + std::strerror(err));
     }
     data_ = static_cast<const uint8_t*>(p);
   }

@@ -1,4 +1,5 @@
-// Read-only memory mapping of a file (tar shards, .npy arrays) so random access reads only what it touches.
+// Read-only memory mapping of a file (tar shards, .npy arrays) so random access reads only what it
+// touches.
 #pragma once
 
 #include <cstddef>

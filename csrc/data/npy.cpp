@@ -29,16 +29,26 @@ size_t find_value(const std::string& h, const std::string& name) {
 
 const char* npy_type_name(NpyType t) {
   switch (t) {
-    case NpyType::kBool: return "bool";
-    case NpyType::kUInt8: return "uint8";
-    case NpyType::kInt8: return "int8";
-    case NpyType::kInt16: return "int16";
-    case NpyType::kInt32: return "int32";
-    case NpyType::kInt64: return "int64";
-    case NpyType::kUInt16: return "uint16";
-    case NpyType::kFloat16: return "float16";
-    case NpyType::kFloat32: return "float32";
-    case NpyType::kFloat64: return "float64";
+    case NpyType::kBool:
+      return "bool";
+    case NpyType::kUInt8:
+      return "uint8";
+    case NpyType::kInt8:
+      return "int8";
+    case NpyType::kInt16:
+      return "int16";
+    case NpyType::kInt32:
+      return "int32";
+    case NpyType::kInt64:
+      return "int64";
+    case NpyType::kUInt16:
+      return "uint16";
+    case NpyType::kFloat16:
+      return "float16";
+    case NpyType::kFloat32:
+      return "float32";
+    case NpyType::kFloat64:
+      return "float64";
   }
   return "?";
 }
@@ -75,7 +85,11 @@ NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& where) {
     if (d != ">u1" && d != ">i1" && d != ">b1") bad(where, "big-endian dtype '" + descr + "'");
     d = d.substr(1);
   }
-  struct T { const char* s; NpyType t; size_t size; };
+  struct T {
+    const char* s;
+    NpyType t;
+    size_t size;
+  };
   static const T kTypes[] = {{"b1", NpyType::kBool, 1},    {"u1", NpyType::kUInt8, 1},
                              {"i1", NpyType::kInt8, 1},    {"i2", NpyType::kInt16, 2},
                              {"i4", NpyType::kInt32, 4},   {"i8", NpyType::kInt64, 8},

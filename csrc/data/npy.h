@@ -11,7 +11,18 @@
 namespace torchspeed {
 namespace data {
 
-enum class NpyType { kBool, kUInt8, kInt8, kInt16, kInt32, kInt64, kUInt16, kFloat16, kFloat32, kFloat64 };
+enum class NpyType {
+  kBool,
+  kUInt8,
+  kInt8,
+  kInt16,
+  kInt32,
+  kInt64,
+  kUInt16,
+  kFloat16,
+  kFloat32,
+  kFloat64
+};
 
 struct NpyArray {
   NpyType type = NpyType::kUInt8;

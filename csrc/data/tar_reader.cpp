@@ -1,4 +1,5 @@
-// Torch-free tar parser and WebDataset grouping; every read is bounds-checked (fuzzed by tests/fuzz).
+// Torch-free tar parser and WebDataset grouping; every read is bounds-checked (fuzzed by
+// tests/fuzz).
 #include "tar_reader.h"
 
 #include <algorithm>
@@ -19,7 +20,7 @@ std::string field_string(const uint8_t* p, size_t n) {
 
 // Octal (space/NUL padded) or GNU base-256 numeric field; returns false if malformed.
 bool parse_numeric(const uint8_t* p, size_t n, uint64_t* out) {
-  if (n > 0 && (p[0] & 0x80)) {  // base-256
+  if (n > 0 && (p[0] & 0x80)) {     // base-256
     if (p[0] & 0x40) return false;  // negative
     uint64_t v = p[0] & 0x3f;
     for (size_t i = 1; i < n; ++i) {
@@ -83,12 +84,15 @@ bool pax_path(const uint8_t* p, size_t n, std::string* path) {
 }  // namespace
 
 namespace {
-std::vector<TarMember> list_members_strict(const uint8_t* data, size_t size, const std::string& shard,
-                                           std::vector<TarMember>* out, std::string* current) {
+
+// Appends the members to *out; `*current` names the member being parsed when an error is thrown.
+void scan_tar(const uint8_t* data, size_t size, const std::string& shard,
+              std::vector<TarMember>* out, std::string* current) {
   size_t pos = 0;
   std::string long_name;
   bool have_long_name = false;
   while (true) {
+    current->clear();
     if (pos == size) break;  // tolerate a missing end-of-archive marker at a block boundary
     if (size - pos < kBlock) {
       fail(shard, "truncated header at offset " + std::to_string(pos) + " (file has " +
@@ -103,24 +107,25 @@ std::vector<TarMember> list_members_strict(const uint8_t* data, size_t size, con
     uint64_t sum = 0;
     for (size_t i = 0; i < kBlock; ++i) sum += (i >= 148 && i < 156) ? 0x20 : h[i];
     std::string name = field_string(h, 100);
+    *current = have_long_name ? long_name : name;
     if (sum != stored_sum) {
       fail(shard, "header checksum mismatch at offset " + std::to_string(pos) + " (member '" +
                       name + "'); not a tar file or corrupt");
-    }
-    uint64_t msize = 0;
-    if (!parse_numeric(h + 124, 12, &msize)) {
-      fail(shard, "bad size field for member '" + name + "'");
     }
     if (std::memcmp(h + 257, "ustar", 5) == 0) {
       std::string prefix = field_string(h + 345, 155);
       if (!prefix.empty()) name = prefix + "/" + name;
     }
+    *current = have_long_name ? long_name : name;
+    uint64_t msize = 0;
+    if (!parse_numeric(h + 124, 12, &msize))
+      fail(shard, "bad size field for member '" + *current + "'");
     const char type = static_cast<char>(h[156]);
     const size_t data_pos = pos + kBlock;
     if (msize > size - data_pos) {
-      fail(shard, "member '" + (have_long_name ? long_name : name) + "' is truncated (needs " +
-                      std::to_string(msize) + " bytes at offset " + std::to_string(data_pos) +
-                      ", file has " + std::to_string(size) + ")");
+      fail(shard, "member '" + *current + "' is truncated (needs " + std::to_string(msize) +
+                      " bytes at offset " + std::to_string(data_pos) + ", file has " +
+                      std::to_string(size) + ")");
     }
     const uint8_t* body = data + data_pos;
     if (type == 'L') {  // GNU long name for the next member
@@ -133,23 +138,37 @@ std::vector<TarMember> list_members_strict(const uint8_t* data, size_t size, con
         have_long_name = true;
       }
     } else if (type == '0' || type == '\0' || type == '7') {
-      *current = m_name_placeholder;
       TarMember m;
-      m.name = have_long_name ? long_name : name;
+      m.name = *current;
       m.offset = data_pos;
       m.size = msize;
-      out.push_back(std::move(m));
+      out->push_back(std::move(m));
       have_long_name = false;
     } else {
       have_long_name = false;  // directories, links, pax globals, ...: skipped
     }
     const uint64_t padded = (msize + kBlock - 1) / kBlock * kBlock;
-    if (padded > size - data_pos) {
-      // Data fits but its padding does not: accept only if this is the last member.
-      pos = size;
-    } else {
-      pos = data_pos + static_cast<size_t>(padded);
-    }
+    // Data that fits without its padding is accepted only as the last member.
+    pos = padded > size - data_pos ? size : data_pos + static_cast<size_t>(padded);
+  }
+  current->clear();
+}
+
+}  // namespace
+
+std::vector<TarMember> list_tar_members(const uint8_t* data, size_t size, const std::string& shard,
+                                        std::string* stop_error, std::string* stop_name) {
+  std::vector<TarMember> out;
+  std::string current;
+  if (stop_error == nullptr) {
+    scan_tar(data, size, shard, &out, &current);
+    return out;
+  }
+  try {
+    scan_tar(data, size, shard, &out, &current);
+  } catch (const std::runtime_error& e) {
+    *stop_error = e.what();
+    if (stop_name != nullptr) *stop_name = current;
   }
   return out;
 }
@@ -170,11 +189,12 @@ bool split_webdataset_name(const std::string& name, std::string* key, std::strin
 ShardIndex ShardIndex::build(const uint8_t* data, size_t size, const std::string& shard) {
   ShardIndex idx;
   idx.shard_size = size;
-  for (auto& m : list_tar_members(data, size, shard)) {
+  std::string stop_error, stop_name;
+  for (auto& m : list_tar_members(data, size, shard, &stop_error, &stop_name)) {
     std::string key, ext;
     if (!split_webdataset_name(m.name, &key, &ext)) continue;
     if (idx.samples.empty() || idx.samples.back().key != key) {
-      idx.samples.push_back(SampleEntry{key, {}});
+      idx.samples.push_back(SampleEntry{key, {}, {}});
     }
     auto& s = idx.samples.back();
     if (s.find(ext) != nullptr) {
@@ -182,11 +202,21 @@ ShardIndex ShardIndex::build(const uint8_t* data, size_t size, const std::string
     }
     s.fields.push_back(SampleField{ext, m.offset, m.size});
   }
+  if (!stop_error.empty()) {
+    std::string key, ext;
+    if (!split_webdataset_name(stop_name, &key, &ext)) {
+      key = stop_name.empty() ? "<after the last sample>" : stop_name;
+    }
+    if (idx.samples.empty() || idx.samples.back().key != key) {
+      idx.samples.push_back(SampleEntry{key, {}, {}});
+    }
+    idx.samples.back().error = stop_error;
+  }
   return idx;
 }
 
 namespace {
-constexpr char kMagic[8] = {'T', 'S', 'I', 'D', 'X', '0', '0', '1'};
+constexpr char kMagic[8] = {'T', 'S', 'I', 'D', 'X', '0', '0', '2'};
 
 template <typename T>
 void put(std::string* s, T v) {
@@ -206,7 +236,8 @@ struct Cursor {
   T get() {
     if (n - pos < sizeof(T)) bad("unexpected end of index");
     T v = 0;
-    for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(static_cast<T>(p[pos + i]) << (8 * i));
+    for (size_t i = 0; i < sizeof(T); ++i)
+      v |= static_cast<T>(static_cast<T>(p[pos + i]) << (8 * i));
     pos += sizeof(T);
     return v;
   }
@@ -226,6 +257,8 @@ std::string ShardIndex::serialize() const {
   for (const auto& e : samples) {
     put<uint32_t>(&s, static_cast<uint32_t>(e.key.size()));
     s += e.key;
+    put<uint32_t>(&s, static_cast<uint32_t>(e.error.size()));
+    s += e.error;
     put<uint32_t>(&s, static_cast<uint32_t>(e.fields.size()));
     for (const auto& f : e.fields) {
       put<uint16_t>(&s, static_cast<uint16_t>(f.ext.size()));
@@ -246,19 +279,21 @@ ShardIndex ShardIndex::deserialize(const uint8_t* data, size_t size, const std::
   ShardIndex idx;
   idx.shard_size = c.get<uint64_t>();
   const uint64_t count = c.get<uint64_t>();
-  // Each sample needs at least 8 bytes, so a huge count cannot make us allocate.
-  if (count > (size - c.pos) / 8) c.bad("sample count " + std::to_string(count) + " too large");
+  // Each sample needs at least 12 bytes, so a huge count cannot make us allocate.
+  if (count > (size - c.pos) / 12) c.bad("sample count " + std::to_string(count) + " too large");
   idx.samples.reserve(static_cast<size_t>(count));
   for (uint64_t i = 0; i < count; ++i) {
     SampleEntry e;
     const uint32_t klen = c.get<uint32_t>();
     e.key = c.bytes(klen);
+    const uint32_t error_len = c.get<uint32_t>();
+    e.error = c.bytes(error_len);
     const uint32_t nf = c.get<uint32_t>();
     if (nf > (size - c.pos) / 18) c.bad("field count " + std::to_string(nf) + " too large");
     for (uint32_t j = 0; j < nf; ++j) {
       SampleField f;
-      const uint16_t elen = c.get<uint16_t>();
-      f.ext = c.bytes(elen);
+      const uint16_t ext_len = c.get<uint16_t>();
+      f.ext = c.bytes(ext_len);
       f.offset = c.get<uint64_t>();
       f.size = c.get<uint64_t>();
       if (f.offset > idx.shard_size || f.size > idx.shard_size - f.offset) {

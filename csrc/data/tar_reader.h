@@ -30,7 +30,8 @@ TORCHSPEED_API std::vector<TarMember> list_tar_members(const uint8_t* data, size
 
 // WebDataset naming: key = path up to the first dot of the basename, extension = the rest
 // (lower-cased). Returns false for names without an extension (such members are ignored).
-TORCHSPEED_API bool split_webdataset_name(const std::string& name, std::string* key, std::string* ext);
+TORCHSPEED_API bool split_webdataset_name(const std::string& name, std::string* key,
+                                          std::string* ext);
 
 struct SampleField {
   std::string ext;  // "jpg", "cls", "seg.png", ...

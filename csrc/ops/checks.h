@@ -53,9 +53,9 @@ inline at::Device check_float_tensor_list(const char* op, const char* arg, at::T
 /// Checks an optional one-element float32 scalar tensor (an AMP inverse scale, found_inf, lr).
 inline void check_scalar_tensor(const char* op, const char* arg, const at::Tensor& t,
                                 const at::Device& device) {
-  TORCH_CHECK(t.numel() == 1 && t.scalar_type() == at::kFloat, "torchspeed.", op, ": ", arg,
+  TORCH_CHECK(t.sym_numel() == 1 && t.scalar_type() == at::kFloat, "torchspeed.", op, ": ", arg,
               " must be a one-element float32 tensor, got ", t.scalar_type(), " of shape ",
-              t.sizes());
+              t.sym_sizes());
   TORCH_CHECK(t.layout() == at::kStrided, "torchspeed.", op, ": ", arg,
               " must be a dense tensor, got layout ", t.layout());
   TORCH_CHECK(t.device() == device, "torchspeed.", op, ": ", arg, " must be on ", device,
@@ -76,3 +76,12 @@ decltype(auto) rethrow_as_torch_error(const char* op, F&& f) {
 }
 
 }  // namespace torchspeed::ops
+
+/// Registers REGISTER(m) (a function adding validating impls) for the sparse dispatch keys, so a
+/// sparse argument gets the op's own "must be dense" error instead of the dispatcher's generic
+/// "could not run with arguments from the SparseCPU backend".
+#define TORCHSPEED_REGISTER_FOR_SPARSE_KEYS(REGISTER) \
+  TORCH_LIBRARY_IMPL(torchspeed, SparseCPU, m) { REGISTER(m); }    \
+  TORCH_LIBRARY_IMPL(torchspeed, SparseCUDA, m) { REGISTER(m); }   \
+  TORCH_LIBRARY_IMPL(torchspeed, SparseCsrCPU, m) { REGISTER(m); } \
+  TORCH_LIBRARY_IMPL(torchspeed, SparseCsrCUDA, m) { REGISTER(m); }

@@ -1,4 +1,5 @@
 """Writes small seed inputs for the data-loader fuzz targets (tar shard, shard index, images)."""
+
 import io
 import os
 import struct
@@ -30,9 +31,10 @@ def tar_bytes(members):
 
 def index_bytes(shard_size, samples):
     """Mirror of ShardIndex::serialize (csrc/data/tar_reader.cpp)."""
-    out = b"TSIDX001" + struct.pack("<QQ", shard_size, len(samples))
+    out = b"TSIDX002" + struct.pack("<QQ", shard_size, len(samples))
     for key, fields in samples:
-        out += struct.pack("<I", len(key)) + key.encode() + struct.pack("<I", len(fields))
+        out += struct.pack("<I", len(key)) + key.encode() + struct.pack("<I", 0)
+        out += struct.pack("<I", len(fields))
         for ext, off, size in fields:
             out += struct.pack("<H", len(ext)) + ext.encode() + struct.pack("<QQ", off, size)
     return out
@@ -45,8 +47,12 @@ def main(root):
     seeds = {
         "fuzz_tar": {"shard.tar": tar},
         "fuzz_index": {"shard.idx": index_bytes(len(tar), [("a/0", [("jpg", 512, len(jpg))])])},
-        "fuzz_decode": {"rrc.jpg": b"\x00" + jpg, "resize.png": b"\x01" + png,
-                        "gray.jpg": b"\x13" + gray, "float_hwc.jpg": b"\x0e" + jpg},
+        "fuzz_decode": {
+            "rrc.jpg": b"\x00" + jpg,
+            "resize.png": b"\x01" + png,
+            "gray.jpg": b"\x13" + gray,
+            "float_hwc.jpg": b"\x0e" + jpg,
+        },
     }
     for target, files in seeds.items():
         os.makedirs(os.path.join(root, target), exist_ok=True)

@@ -4,7 +4,8 @@
 // fp32 master (or the param), update the fp32 state, write state, master and rounded param, and
 // optionally apply a pruning mask and update an EMA copy. The arithmetic mirrors the order of
 // operations of torch.optim's for-loop implementation (explicit fma where its vectorised CPU
-// kernels use fmadd), so fp32 results agree to an ulp or so per step.
+// kernels use fmadd; addcmul is fma(value * t1, t2, self) as in torch's CPU kernel), so fp32
+// results agree to an ulp or so per step.
 #pragma once
 
 #include "kernels/cpu/vec.h"
@@ -67,7 +68,7 @@ void adam_range(const OptimChunk& c, const OptimScalars& s) {
     m = fma(U(s.one_minus_beta1), g - m, m);  // exp_avg.lerp_(grad, 1 - beta1)
     m.store(c.state0 + i);
     U v = U::load(c.state1 + i) * U(s.beta2);  // exp_avg_sq.mul_(beta2)
-    v = v + U(s.one_minus_beta2) * g * g;      // .addcmul_(grad, grad, value=1 - beta2)
+    v = fma(U(s.one_minus_beta2) * g, g, v);   // .addcmul_(grad, grad, value=1 - beta2)
     v.store(c.state1 + i);
     if (s.amsgrad) {
       v = max(U::load(c.state2 + i), v);
@@ -135,7 +136,7 @@ void lamb_phase1_range(const OptimChunk& c, const OptimScalars& s, double* param
     U m = U::load(c.state0 + i);
     fma(U(s.one_minus_beta1), g - m, m).store(c.state0 + i);
     U v = U::load(c.state1 + i) * U(s.beta2);
-    (v + U(s.one_minus_beta2) * g * g).store(c.state1 + i);
+    fma(U(s.one_minus_beta2) * g, g, v).store(c.state1 + i);
     const U u = lamb_update<U>(c, s, i, p);
     if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
       p_acc = fma(p, p, p_acc);

@@ -34,20 +34,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_unscale_meta(at::Tenso
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torchspeed, Meta, m) {
+void register_grad_stats_validators(torch::Library& m) {
   m.impl("grad_stats", &grad_stats_meta);
   m.impl("grad_stats_unscale_", &grad_stats_unscale_meta);
 }
 
-#define TORCHSPEED_REJECT_LAYOUT(KEY)                          \
-  TORCH_LIBRARY_IMPL(torchspeed, KEY, m) {                     \
-    m.impl("grad_stats", &grad_stats_meta);                    \
-    m.impl("grad_stats_unscale_", &grad_stats_unscale_meta);   \
-  }
-TORCHSPEED_REJECT_LAYOUT(SparseCPU)
-TORCHSPEED_REJECT_LAYOUT(SparseCUDA)
-TORCHSPEED_REJECT_LAYOUT(SparseCsrCPU)
-TORCHSPEED_REJECT_LAYOUT(SparseCsrCUDA)
-#undef TORCHSPEED_REJECT_LAYOUT
+TORCH_LIBRARY_IMPL(torchspeed, Meta, m) { register_grad_stats_validators(m); }
+TORCHSPEED_REGISTER_FOR_SPARSE_KEYS(register_grad_stats_validators)
 
 }  // namespace torchspeed::ops

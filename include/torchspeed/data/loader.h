@@ -68,16 +68,16 @@ struct LoaderOptions {
   int64_t batch_size = 1;
   bool shuffle = false;
   bool drop_last = false;
-  int num_workers = 1;          // worker threads (0 is treated as 1)
-  int prefetch_factor = 2;      // batches in flight per worker; ring = workers * factor + 2 slots
-  bool pin_memory = true;       // pinned slots when torch has CUDA, plain CPU memory otherwise
-  double timeout_s = 0;         // > 0: next() throws if a batch takes longer
-  uint64_t seed = 0;            // shuffle order and augmentation draws
+  int num_workers = 1;      // worker threads (0 is treated as 1)
+  int prefetch_factor = 2;  // batches in flight per worker; ring = workers * factor + 2 slots
+  bool pin_memory = true;   // pinned slots when torch has CUDA, plain CPU memory otherwise
+  double timeout_s = 0;     // > 0: next() throws if a batch takes longer
+  uint64_t seed = 0;        // shuffle order and augmentation draws
   std::string on_error = "raise";  // "raise" or "skip" (skipped samples are counted)
-  int rank = 0;                 // distributed sharding
+  int rank = 0;                    // distributed sharding
   int world_size = 1;
-  bool drop_uneven = false;     // drop the tail instead of padding to a multiple of world_size
-  std::string device;           // "" (host) or a device such as "cuda:0": copies on a side stream
+  bool drop_uneven = false;  // drop the tail instead of padding to a multiple of world_size
+  std::string device;        // "" (host) or a device such as "cuda:0": copies on a side stream
 };
 
 // One batch: tensors by field name (first dimension = batch), string fields, and the sample keys.
@@ -111,7 +111,7 @@ class TORCHSPEED_API Loader {
   // An explicit sample order for the coming epochs (a user sampler); empty restores the built-in.
   void set_indices(std::vector<int64_t> indices);
   int64_t epoch() const;
-  int64_t num_batches() const;   // batches per epoch for this rank
+  int64_t num_batches() const;  // batches per epoch for this rank
   int64_t dataset_size() const;
 
   // Small resume state: epoch, batches consumed, seed, sizes (validated on load).

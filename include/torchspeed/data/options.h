@@ -1,4 +1,5 @@
-// Torch-free option and statistics structs of the torchspeed data loader (shared by core and Loader).
+// Torch-free option and statistics structs of the torchspeed data loader (shared by core and
+// Loader).
 #pragma once
 
 #include <array>
@@ -23,32 +24,33 @@ struct ImageTransformOptions {
   int resize_size = 256;  // only for kResizeCenterCrop (shorter side)
   std::pair<double, double> scale{0.08, 1.0};
   std::pair<double, double> ratio{3.0 / 4.0, 4.0 / 3.0};
-  double flip_prob = 0.0;       // horizontal flip probability
-  bool decode_scaling = true;   // let libjpeg-turbo decode at 1/2, 1/4, 1/8 when the output allows it
-  bool to_float = false;        // float32 in [0, 1] (then normalized if normalize) instead of uint8
-  bool normalize = false;       // (x - mean) / std, implies to_float
+  double flip_prob = 0.0;  // horizontal flip probability
+  bool decode_scaling =
+      true;                // let libjpeg-turbo decode at 1/2, 1/4, 1/8 when the output allows it
+  bool to_float = false;   // float32 in [0, 1] (then normalized if normalize) instead of uint8
+  bool normalize = false;  // (x - mean) / std, implies to_float
   std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
   std::array<float, 3> std{0.229f, 0.224f, 0.225f};
-  bool channels_last = false;   // HWC per sample (NHWC batch) instead of CHW
+  bool channels_last = false;  // HWC per sample (NHWC batch) instead of CHW
 };
 
 // Counters of a Loader; all times are summed over worker threads in seconds.
 struct LoaderStats {
-  int64_t batches = 0;             // batches handed to the consumer
-  int64_t samples = 0;             // samples handed to the consumer
-  int64_t skipped = 0;             // samples skipped with on_error="skip"
-  double elapsed_s = 0;            // wall time since the current epoch started
-  double samples_per_s = 0;        // samples / elapsed_s of the current epoch
-  double read_s = 0;               // fetching bytes (tar member, npy rows)
-  double decode_s = 0;             // JPEG/PNG/npy decode
-  double transform_s = 0;          // crop, resize, flip, normalize
-  double collate_s = 0;            // writing rows into the batch slot (gathers, label writes)
-  double copy_s = 0;               // device copies issued by the consumer
-  double consumer_wait_s = 0;      // time next() blocked waiting for a batch
-  double mean_ready_batches = 0;   // average number of finished batches waiting at each next()
-  int64_t ready_batches = 0;       // finished batches waiting right now
-  int64_t slots = 0;               // batch slots in the ring
-  std::string last_error;          // last skipped sample's error message
+  int64_t batches = 0;            // batches handed to the consumer
+  int64_t samples = 0;            // samples handed to the consumer
+  int64_t skipped = 0;            // samples skipped with on_error="skip"
+  double elapsed_s = 0;           // wall time since the current epoch started
+  double samples_per_s = 0;       // samples delivered in the current epoch / elapsed_s
+  double read_s = 0;              // fetching bytes (tar member, npy rows)
+  double decode_s = 0;            // JPEG/PNG/npy decode
+  double transform_s = 0;         // crop, resize, flip, normalize
+  double collate_s = 0;           // writing rows into the batch slot (gathers, label writes)
+  double copy_s = 0;              // device copies issued by the consumer
+  double consumer_wait_s = 0;     // time next() blocked waiting for a batch
+  double mean_ready_batches = 0;  // average number of finished batches waiting at each next()
+  int64_t ready_batches = 0;      // finished batches waiting right now
+  int64_t slots = 0;              // batch slots in the ring
+  std::string last_error;         // last skipped sample's error message
 };
 
 }  // namespace data

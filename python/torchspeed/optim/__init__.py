@@ -1,1 +1,11 @@
-"""Fused drop-in replacements for torch.optim optimizers."""
+"""Fused drop-in replacements for torch.optim optimizers (plus Lion and LAMB).
+
+    opt = torchspeed.optim.AdamW(model.parameters(), lr=1e-3)   # was torch.optim.AdamW
+"""
+
+from ._fused import FusedOptimizer
+from .adam import Adam, AdamW
+from .lion import LAMB, Lion
+from .sgd import SGD
+
+__all__ = ["Adam", "AdamW", "SGD", "Lion", "LAMB", "FusedOptimizer"]

@@ -87,7 +87,8 @@ TEST_CASE("PNG decode is lossless (RGB and RGBA drops alpha)", "[data][image]") 
 }
 
 #if TORCHSPEED_WITH_JPEG
-TEST_CASE("JPEG decode matches the source within JPEG error; scaled decode sizes", "[data][image]") {
+TEST_CASE("JPEG decode matches the source within JPEG error; scaled decode sizes",
+          "[data][image]") {
   const int w = 500, h = 375;
   const auto px = textured_rgb(w, h, 9);
   const std::string jpg = encode_jpeg(px, w, h, 100, TJSAMP_444);
@@ -130,9 +131,14 @@ TEST_CASE("bilinear resample agrees with a floating-point reference of Pillow's 
           "[data][image]") {
   const int sw = 61, sh = 47;
   const auto px = textured_rgb(sw, sh, 3);
-  struct Case { double box[4]; int dw, dh; };
-  const Case cases[] = {{{0, 0, 61, 47}, 20, 15},    {{0, 0, 61, 47}, 61, 47},
-                        {{0, 0, 61, 47}, 90, 70},    {{3, 5, 40, 30}, 24, 24},
+  struct Case {
+    double box[4];
+    int dw, dh;
+  };
+  const Case cases[] = {{{0, 0, 61, 47}, 20, 15},
+                        {{0, 0, 61, 47}, 61, 47},
+                        {{0, 0, 61, 47}, 90, 70},
+                        {{3, 5, 40, 30}, 24, 24},
                         {{0.5, 1.25, 60.75, 46.5}, 17, 33}};
   for (const auto& cs : cases) {
     const float box[4] = {static_cast<float>(cs.box[0]), static_cast<float>(cs.box[1]),

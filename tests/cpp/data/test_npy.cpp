@@ -56,8 +56,8 @@ TEST_CASE("npy rejects what it cannot read, naming the file", "[data][npy]") {
     }
     return false;
   };
-  CHECK(fails(make_npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", 16),
-              "fortran"));
+  CHECK(
+      fails(make_npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", 16), "fortran"));
   CHECK(fails(make_npy("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", 8),
               "big-endian"));
   CHECK(fails(make_npy("{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }", 16), "dtype"));
@@ -65,6 +65,7 @@ TEST_CASE("npy rejects what it cannot read, naming the file", "[data][npy]") {
               "truncated"));
   CHECK(fails(std::string("NOTNPY0000"), "magic"));
   CHECK(fails(make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999, "
-                       "99999999999999), }", 4),
+                       "99999999999999), }",
+                       4),
               "truncated"));
 }

@@ -132,3 +132,31 @@ TEST_CASE("duplicate extension in one sample is an error naming shard and key", 
   CHECK(throws_with([&] { ShardIndex::build(bytes(tar), tar.size(), "dup.tar"); },
                     {"dup.tar", "'k1'", "duplicate"}));
 }
+
+TEST_CASE("a damaged tar keeps the samples before the damage and marks the broken one",
+          "[data][tar][index]") {
+  TarWriter w;
+  w.add("k0.jpg", std::string(600, 'a'));
+  w.add("k0.cls", "1");
+  w.add("k1.cls", "2");
+  w.add("k1.jpg", std::string(3000, 'b'));
+  const std::string tar = w.finish();
+  const std::string cut = tar.substr(0, tar.size() - 1024 - 2048);  // inside k1.jpg's data
+  const ShardIndex idx = ShardIndex::build(bytes(cut), cut.size(), "cut.tar");
+  REQUIRE(idx.samples.size() == 2);
+  CHECK(idx.samples[0].key == "k0");
+  CHECK(idx.samples[0].error.empty());
+  CHECK(idx.samples[1].key == "k1");
+  CHECK(idx.samples[1].error.find("cut.tar") != std::string::npos);
+  CHECK(idx.samples[1].error.find("k1.jpg") != std::string::npos);
+  CHECK(idx.samples[1].error.find("truncated") != std::string::npos);
+  const std::string s = idx.serialize();
+  CHECK(ShardIndex::deserialize(bytes(s), s.size(), "x").samples[1].error == idx.samples[1].error);
+
+  std::string garbage = tar;
+  garbage[512 + 1024 + 5] = 'Q';  // k0.cls header (after k0.jpg's header and 2 data blocks)
+  const ShardIndex g = ShardIndex::build(bytes(garbage), garbage.size(), "g.tar");
+  REQUIRE(g.samples.size() == 1);
+  CHECK(g.samples[0].key == "k0");
+  CHECK(g.samples[0].error.find("checksum") != std::string::npos);
+}

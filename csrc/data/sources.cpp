@@ -1,0 +1,446 @@
+// Loader sources: WebDataset tar shards (memory-mapped + index), .npy files (memory-mapped) and
+// in-memory tensors (batched index_select).
+#include "sources.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "mapped_file.h"
+#include "npy.h"
+#include "tar_reader.h"
+
+namespace torchspeed {
+namespace data {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+at::ScalarType npy_to_torch(NpyType t) {
+  switch (t) {
+    case NpyType::kBool:
+      return at::kBool;
+    case NpyType::kUInt8:
+      return at::kByte;
+    case NpyType::kInt8:
+      return at::kChar;
+    case NpyType::kInt16:
+      return at::kShort;
+    case NpyType::kInt32:
+      return at::kInt;
+    case NpyType::kInt64:
+      return at::kLong;
+    case NpyType::kUInt16:
+      return at::kUInt16;
+    case NpyType::kFloat16:
+      return at::kHalf;
+    case NpyType::kFloat32:
+      return at::kFloat;
+    case NpyType::kFloat64:
+      return at::kDouble;
+  }
+  return at::kByte;
+}
+
+std::string last_ext_part(const std::string& ext) {
+  const size_t dot = ext.rfind('.');
+  return dot == std::string::npos ? ext : ext.substr(dot + 1);
+}
+
+enum class Kind { kImage, kLabel, kString, kNpy };
+
+bool kind_of(const std::string& ext, Kind* kind) {
+  const std::string e = last_ext_part(ext);
+  if (e == "jpg" || e == "jpeg" || e == "png")
+    *kind = Kind::kImage;
+  else if (e == "cls" || e == "cls2" || e == "id" || e == "index")
+    *kind = Kind::kLabel;
+  else if (e == "txt" || e == "json")
+    *kind = Kind::kString;
+  else if (e == "npy")
+    *kind = Kind::kNpy;
+  else
+    return false;
+  return true;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream in(s);
+  while (std::getline(in, cur, sep)) {
+    if (!cur.empty()) out.push_back(cur);
+  }
+  return out;
+}
+
+size_t row_bytes(const FieldSpec& f) {
+  size_t n = c10::elementSize(f.dtype);
+  for (auto d : f.shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+uint8_t* row_ptr(const at::Tensor& t, int64_t row, size_t bytes) {
+  return static_cast<uint8_t*>(t.data_ptr()) + static_cast<size_t>(row) * bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+class WebDatasetSource final : public Source {
+ public:
+  explicit WebDatasetSource(const WebDatasetOptions& opt) : opt_(opt) {
+    validate_transform_options(opt_.image);
+    if (opt_.image.normalize) opt_.image.to_float = true;
+    TORCH_CHECK(!opt_.urls.empty(), "torchspeed.data.WebDataset: urls must not be empty");
+    for (size_t s = 0; s < opt_.urls.size(); ++s) {
+      Shard sh;
+      sh.file = std::make_unique<MappedFile>(opt_.urls[s]);
+      sh.index = load_or_build_index(*sh.file);
+      for (size_t i = 0; i < sh.index.samples.size(); ++i) {
+        table_.emplace_back(static_cast<uint32_t>(s), static_cast<uint32_t>(i));
+      }
+      shards_.push_back(std::move(sh));
+    }
+    TORCH_CHECK(!table_.empty(), "torchspeed.data.WebDataset: no samples in ", opt_.urls.size(),
+                " shard(s) starting with '", opt_.urls[0], "'");
+    discover_fields();
+  }
+
+  int64_t size() const override { return static_cast<int64_t>(table_.size()); }
+  const std::vector<FieldSpec>& fields() const override { return specs_; }
+
+  std::string describe(int64_t index) const override {
+    const auto& [s, i] = table_[static_cast<size_t>(index)];
+    return "shard '" + opt_.urls[s] + "' sample '" + shards_[s].index.samples[i].key + "'";
+  }
+
+  void fill(int64_t index, int64_t row, const SlotView& slot, const FillContext& ctx) override {
+    const auto& [s, i] = table_[static_cast<size_t>(index)];
+    const Shard& sh = shards_[s];
+    const SampleEntry& e = sh.index.samples[i];
+    try {
+      if (!e.error.empty()) throw std::runtime_error(e.error);
+      for (size_t f = 0; f < specs_.size(); ++f) {
+        if (f == key_field_) {
+          (*slot.strings)[f][static_cast<size_t>(row)] = e.key;
+          continue;
+        }
+        const SampleField* sf = nullptr;
+        for (const auto& alt : alternatives_[f]) {
+          if ((sf = e.find(alt)) != nullptr) break;
+        }
+        if (sf == nullptr) throw std::runtime_error("missing field '" + specs_[f].name + "'");
+        auto t0 = Clock::now();
+        // "read": copy the member out of the mapping (page faults land here, not in decode).
+        thread_local std::vector<uint8_t> buf;
+        buf.resize(static_cast<size_t>(sf->size));
+        if (sf->size > 0) std::memcpy(buf.data(), sh.file->data() + sf->offset, buf.size());
+        if (ctx.times) ctx.times->read += since(t0);
+        fill_field(f, sf->ext, buf.data(), buf.size(), index, row, slot, ctx);
+      }
+    } catch (const std::exception& ex) {
+      throw std::runtime_error(describe(index) + ": " + ex.what());
+    }
+  }
+
+ private:
+  struct Shard {
+    std::unique_ptr<MappedFile> file;
+    ShardIndex index;
+  };
+
+  static ShardIndex load_or_build_index(const MappedFile& file) {
+    const std::string idx_path = file.path() + ".idx";
+    struct stat st {};
+    if (::stat(idx_path.c_str(), &st) == 0) {
+      try {
+        MappedFile idx(idx_path);
+        ShardIndex index = ShardIndex::deserialize(idx.data(), idx.size(), idx_path);
+        if (index.shard_size == file.size()) return index;
+      } catch (const std::exception&) {
+        // A stale or damaged cache is not an error: fall back to scanning the shard.
+      }
+    }
+    return ShardIndex::build(file.data(), file.size(), file.path());
+  }
+
+  void discover_fields() {
+    // The first intact sample defines the fields (shapes of .npy fields, default field list).
+    const SampleEntry* first = nullptr;
+    size_t first_shard = 0;
+    for (const auto& [s, i] : table_) {
+      const SampleEntry& e = shards_[s].index.samples[i];
+      if (e.error.empty()) {
+        first = &e;
+        first_shard = s;
+        break;
+      }
+    }
+    TORCH_CHECK(first != nullptr, "torchspeed.data.WebDataset: no intact sample in '", opt_.urls[0],
+                "'");
+    std::vector<std::string> requested = opt_.fields;
+    if (requested.empty()) {
+      for (const auto& f : first->fields) {
+        Kind k;
+        if (kind_of(f.ext, &k)) requested.push_back(f.ext);
+      }
+      TORCH_CHECK(!requested.empty(), "torchspeed.data.WebDataset: sample '", first->key, "' of '",
+                  opt_.urls[first_shard], "' has no recognised field");
+    }
+    for (const auto& spec : requested) {
+      FieldSpec fs;
+      fs.name = spec;
+      if (spec == "__key__") {
+        fs.is_string = true;
+        key_field_ = specs_.size();
+        specs_.push_back(fs);
+        alternatives_.emplace_back();
+        kinds_.push_back(Kind::kString);
+        continue;
+      }
+      std::vector<std::string> alts = split(spec, ';');
+      TORCH_CHECK(!alts.empty(), "torchspeed.data.WebDataset: fields must not contain empty specs");
+      Kind kind;
+      TORCH_CHECK(kind_of(alts[0], &kind), "torchspeed.data.WebDataset: fields entry '", spec,
+                  "' has an unsupported extension (supported: jpg, jpeg, png, cls, cls2, id, ",
+                  "index, txt, json, npy, and compound ones ending in these)");
+      for (const auto& a : alts) {
+        Kind k2;
+        TORCH_CHECK(kind_of(a, &k2) && k2 == kind, "torchspeed.data.WebDataset: fields entry '",
+                    spec, "' mixes kinds of fields");
+      }
+      switch (kind) {
+        case Kind::kImage: {
+          fs.dtype = opt_.image.to_float ? at::kFloat : at::kByte;
+          const int64_t h = opt_.image.height, w = opt_.image.width;
+          fs.shape = opt_.image.channels_last ? std::vector<int64_t>{h, w, 3}
+                                              : std::vector<int64_t>{3, h, w};
+          break;
+        }
+        case Kind::kLabel:
+          fs.dtype = at::kLong;
+          break;
+        case Kind::kString:
+          fs.is_string = true;
+          break;
+        case Kind::kNpy: {
+          const SampleField* sf = nullptr;
+          for (const auto& a : alts) {
+            if ((sf = first->find(a)) != nullptr) break;
+          }
+          TORCH_CHECK(sf != nullptr, "torchspeed.data.WebDataset: shard '", opt_.urls[first_shard],
+                      "' sample '", first->key, "': missing field '", spec,
+                      "' (needed to learn the .npy shape)");
+          const MappedFile& f = *shards_[first_shard].file;
+          const NpyArray a = parse_npy(f.data() + sf->offset, static_cast<size_t>(sf->size),
+                                       opt_.urls[first_shard] + ":" + first->key + "." + sf->ext);
+          fs.dtype = npy_to_torch(a.type);
+          fs.shape = a.shape;
+          break;
+        }
+      }
+      specs_.push_back(fs);
+      alternatives_.push_back(alts);
+      kinds_.push_back(kind);
+    }
+    row_bytes_.clear();
+    for (const auto& s : specs_) row_bytes_.push_back(s.is_string ? 0 : row_bytes(s));
+  }
+
+  void fill_field(size_t f, const std::string& ext, const uint8_t* data, size_t size, int64_t index,
+                  int64_t row, const SlotView& slot, const FillContext& ctx) {
+    const at::Tensor& t = (*slot.tensors)[f];
+    switch (kinds_[f]) {
+      case Kind::kImage: {
+        StageTimes local;
+        process_image(data, size, opt_.image, ctx.seed, ctx.epoch, static_cast<uint64_t>(index),
+                      row_ptr(t, row, row_bytes_[f]), &local);
+        if (ctx.times) {
+          ctx.times->decode += local.decode;
+          ctx.times->transform += local.transform;
+        }
+        break;
+      }
+      case Kind::kLabel: {
+        auto t0 = Clock::now();
+        std::string s(reinterpret_cast<const char*>(data), size);
+        size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+        if (b == std::string::npos) throw std::runtime_error("empty ." + ext + " field");
+        s = s.substr(b, e - b + 1);
+        size_t used = 0;
+        int64_t v = 0;
+        try {
+          v = std::stoll(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != s.size())
+          throw std::runtime_error("." + ext + " is not an integer: '" + s.substr(0, 40) + "'");
+        std::memcpy(row_ptr(t, row, row_bytes_[f]), &v, sizeof(v));
+        if (ctx.times) ctx.times->collate += since(t0);
+        break;
+      }
+      case Kind::kString:
+        (*slot.strings)[f][static_cast<size_t>(row)].assign(reinterpret_cast<const char*>(data),
+                                                            size);
+        break;
+      case Kind::kNpy: {
+        auto t0 = Clock::now();
+        const NpyArray a = parse_npy(data, size, ext);
+        if (npy_to_torch(a.type) != specs_[f].dtype || a.shape != specs_[f].shape) {
+          throw std::runtime_error("." + ext + " has dtype " + npy_type_name(a.type) + " shape " +
+                                   c10::str(at::IntArrayRef(a.shape)) + ", expected " +
+                                   c10::str(specs_[f].dtype) + " " +
+                                   c10::str(at::IntArrayRef(specs_[f].shape)));
+        }
+        if (ctx.times) ctx.times->decode += since(t0);
+        t0 = Clock::now();
+        std::memcpy(row_ptr(t, row, row_bytes_[f]), data + a.data_offset, a.data_bytes);
+        if (ctx.times) ctx.times->collate += since(t0);
+        break;
+      }
+    }
+  }
+
+  WebDatasetOptions opt_;
+  std::vector<Shard> shards_;
+  std::vector<std::pair<uint32_t, uint32_t>> table_;  // global index -> (shard, sample)
+  std::vector<FieldSpec> specs_;
+  std::vector<std::vector<std::string>> alternatives_;
+  std::vector<Kind> kinds_;
+  std::vector<size_t> row_bytes_;
+  size_t key_field_ = static_cast<size_t>(-1);
+};
+
+// ---------------------------------------------------------------------------------------------
+class NpySource final : public Source {
+ public:
+  explicit NpySource(const std::vector<std::pair<std::string, std::string>>& fields) {
+    TORCH_CHECK(!fields.empty(), "torchspeed.data.NpySource: at least one file is needed");
+    for (const auto& [name, path] : fields) {
+      Array a;
+      a.file = std::make_unique<MappedFile>(path);
+      a.header = parse_npy(a.file->data(), a.file->size(), path);
+      TORCH_CHECK(!a.header.shape.empty(), "torchspeed.data.NpySource: '", path,
+                  "' must have at least one dimension (the sample dimension), got a scalar");
+      if (arrays_.empty()) {
+        n_ = a.header.shape[0];
+      } else {
+        TORCH_CHECK(a.header.shape[0] == n_, "torchspeed.data.NpySource: '", path, "' has ",
+                    a.header.shape[0], " samples, expected ", n_, " like '", fields[0].second, "'");
+      }
+      FieldSpec fs;
+      fs.name = name;
+      fs.dtype = npy_to_torch(a.header.type);
+      fs.shape.assign(a.header.shape.begin() + 1, a.header.shape.end());
+      a.row_bytes = row_bytes(fs);
+      specs_.push_back(fs);
+      arrays_.push_back(std::move(a));
+    }
+  }
+  int64_t size() const override { return n_; }
+  const std::vector<FieldSpec>& fields() const override { return specs_; }
+  void fill(int64_t index, int64_t row, const SlotView& slot, const FillContext& ctx) override {
+    auto t0 = Clock::now();
+    for (size_t f = 0; f < arrays_.size(); ++f) {
+      const Array& a = arrays_[f];
+      std::memcpy(row_ptr((*slot.tensors)[f], row, a.row_bytes),
+                  a.file->data() + a.header.data_offset + static_cast<size_t>(index) * a.row_bytes,
+                  a.row_bytes);
+    }
+    if (ctx.times) ctx.times->read += since(t0);
+  }
+
+ private:
+  struct Array {
+    std::unique_ptr<MappedFile> file;
+    NpyArray header;
+    size_t row_bytes = 0;
+  };
+  std::vector<Array> arrays_;
+  std::vector<FieldSpec> specs_;
+  int64_t n_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+class TensorSource final : public Source {
+ public:
+  explicit TensorSource(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+    TORCH_CHECK(!tensors.empty(), "torchspeed.data.TensorSource: at least one tensor is needed");
+    for (const auto& [name, t] : tensors) {
+      TORCH_CHECK(t.defined() && t.device().is_cpu() && t.dim() >= 1,
+                  "torchspeed.data.TensorSource: tensor '", name,
+                  "' must be a CPU tensor with a sample dimension, got ",
+                  t.defined() ? c10::str(t.options(), " of shape ", t.sizes()) : "undefined");
+      if (tensors_.empty()) n_ = t.size(0);
+      TORCH_CHECK(t.size(0) == n_, "torchspeed.data.TensorSource: tensor '", name, "' has ",
+                  t.size(0), " samples, expected ", n_);
+      FieldSpec fs;
+      fs.name = name;
+      fs.dtype = t.scalar_type();
+      fs.shape.assign(t.sizes().begin() + 1, t.sizes().end());
+      specs_.push_back(fs);
+      tensors_.push_back(t.contiguous());
+    }
+  }
+  int64_t size() const override { return n_; }
+  const std::vector<FieldSpec>& fields() const override { return specs_; }
+  bool batched() const override { return true; }
+  void fill(int64_t index, int64_t row, const SlotView& slot, const FillContext& ctx) override {
+    fill_batch({index}, slot, ctx);  // not used by the loader (batched() is true)
+    (void)row;
+  }
+  void fill_batch(const std::vector<int64_t>& indices, const SlotView& slot,
+                  const FillContext& ctx) override {
+    auto t0 = Clock::now();
+    const int64_t n = static_cast<int64_t>(indices.size());
+    at::Tensor idx = at::from_blob(const_cast<int64_t*>(indices.data()), {n}, at::kLong);
+    for (size_t f = 0; f < tensors_.size(); ++f) {
+      at::Tensor out = (*slot.tensors)[f].narrow(0, 0, n);
+      at::index_select_out(out, tensors_[f], 0, idx);
+    }
+    if (ctx.times) ctx.times->collate += since(t0);
+  }
+
+ private:
+  std::vector<at::Tensor> tensors_;
+  std::vector<FieldSpec> specs_;
+  int64_t n_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Source> webdataset_source(const WebDatasetOptions& options) {
+  try {
+    return std::make_shared<WebDatasetSource>(options);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "torchspeed.data.WebDataset: ", e.what());
+  }
+}
+
+std::shared_ptr<Source> npy_source(const std::vector<std::pair<std::string, std::string>>& fields) {
+  try {
+    return std::make_shared<NpySource>(fields);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "torchspeed.data.NpySource: ", e.what());
+  }
+}
+
+std::shared_ptr<Source> tensor_source(const std::vector<std::pair<std::string, at::Tensor>>& t) {
+  return std::make_shared<TensorSource>(t);
+}
+
+int64_t source_size(const Source& source) { return source.size(); }
+
+}  // namespace data
+}  // namespace torchspeed

@@ -1,0 +1,138 @@
+// Device-side element access for the CUDA kernels: loads of kMtaIlp elements of any storage type
+// into fp32/fp64 registers (one vector load when aligned, guarded scalars otherwise) and rounded
+// stores back, plus the IEEE-exact arithmetic helpers that keep the CUDA math identical to the
+// CPU kernel templates (no contraction of a * b + c into an fma unless the CPU also fuses it).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/multi_tensor_apply.cuh"
+
+namespace torchspeed::kernels::cuda {
+
+// ---- one element <-> fp32 / fp64 ----------------------------------------------------------------
+
+__device__ __forceinline__ float to_acc(float x) { return x; }
+__device__ __forceinline__ double to_acc(double x) { return x; }
+// bf16 is the top half of an fp32: widening is exact.
+__device__ __forceinline__ float to_acc(__nv_bfloat16 x) {
+  return __uint_as_float(static_cast<uint32_t>(__bfloat16_as_ushort(x)) << 16);
+}
+__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_acc(float x);
+template <>
+__device__ __forceinline__ float from_acc<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);  // round to nearest even, like c10::BFloat16 and the CPU kernels
+}
+template <>
+__device__ __forceinline__ __half from_acc<__half>(float x) {
+  return __float2half_rn(x);
+}
+__device__ __forceinline__ double from_acc_d(double x) { return x; }
+
+/// The register type a storage type is computed in: fp32 for fp32/bf16/fp16, fp64 for fp64.
+template <typename T>
+struct AccOf {
+  using type = float;
+};
+template <>
+struct AccOf<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename AccOf<T>::type;
+
+// ---- kMtaIlp elements: vector when kVec, guarded scalars otherwise ------------------------------
+
+namespace detail {
+__device__ __forceinline__ float lo16_to_acc(uint32_t w, __nv_bfloat16*) {
+  return __uint_as_float(w << 16);
+}
+__device__ __forceinline__ float hi16_to_acc(uint32_t w, __nv_bfloat16*) {
+  return __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ float lo16_to_acc(uint32_t w, __half*) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+}
+__device__ __forceinline__ float hi16_to_acc(uint32_t w, __half*) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+__device__ __forceinline__ uint32_t bits16(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+__device__ __forceinline__ uint32_t bits16(__half x) { return __half_as_ushort(x); }
+}  // namespace detail
+
+/// r[k] = p[i + k] for k < valid (0 for the others).
+template <bool kVec, typename T, typename A>
+__device__ __forceinline__ void load_quad(const T* p, int64_t i, int valid, A (&r)[kMtaIlp]) {
+  static_assert(kMtaIlp == 4, "the vector paths below load 4 elements");
+  if constexpr (kVec && sizeof(T) == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(p + i);
+    r[0] = v.x, r[1] = v.y, r[2] = v.z, r[3] = v.w;
+  } else if constexpr (kVec && sizeof(T) == 8) {
+    const double2 a = *reinterpret_cast<const double2*>(p + i);
+    const double2 b = *reinterpret_cast<const double2*>(p + i + 2);
+    r[0] = a.x, r[1] = a.y, r[2] = b.x, r[3] = b.y;
+  } else if constexpr (kVec && sizeof(T) == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p + i);
+    T* tag = nullptr;
+    r[0] = detail::lo16_to_acc(v.x, tag), r[1] = detail::hi16_to_acc(v.x, tag);
+    r[2] = detail::lo16_to_acc(v.y, tag), r[3] = detail::hi16_to_acc(v.y, tag);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kMtaIlp; ++k) r[k] = k < valid ? static_cast<A>(to_acc(p[i + k])) : A(0);
+  }
+}
+
+/// p[i + k] = round(r[k]) for k < valid.
+template <bool kVec, typename T, typename A>
+__device__ __forceinline__ void store_quad(T* p, int64_t i, int valid, const A (&r)[kMtaIlp]) {
+  if constexpr (kVec && std::is_same_v<T, float>) {
+    *reinterpret_cast<float4*>(p + i) = make_float4(r[0], r[1], r[2], r[3]);
+  } else if constexpr (kVec && std::is_same_v<T, double>) {
+    *reinterpret_cast<double2*>(p + i) = make_double2(r[0], r[1]);
+    *reinterpret_cast<double2*>(p + i + 2) = make_double2(r[2], r[3]);
+  } else if constexpr (kVec && sizeof(T) == 2) {
+    uint2 v;
+    v.x = detail::bits16(from_acc<T>(r[0])) | (detail::bits16(from_acc<T>(r[1])) << 16);
+    v.y = detail::bits16(from_acc<T>(r[2])) | (detail::bits16(from_acc<T>(r[3])) << 16);
+    *reinterpret_cast<uint2*>(p + i) = v;
+  } else if constexpr (std::is_same_v<T, double>) {
+#pragma unroll
+    for (int k = 0; k < kMtaIlp; ++k) {
+      if (k < valid) p[i + k] = static_cast<double>(r[k]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kMtaIlp; ++k) {
+      if (k < valid) p[i + k] = from_acc<T>(static_cast<float>(r[k]));
+    }
+  }
+}
+
+// ---- IEEE-exact fp32 arithmetic (never contracted), mirroring kernels/cpu/vec.h -----------------
+
+__device__ __forceinline__ float f_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float f_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float f_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float f_div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ float f_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ float f_sqrt(float a) { return __fsqrt_rn(a); }
+/// a > b ? a : b (as the CPU's max, including which operand a NaN yields).
+__device__ __forceinline__ float max_gt(float a, float b) { return a > b ? a : b; }
+/// +1, -1 or 0 (sign(0) = sign(NaN) = 0, as the CPU kernels).
+__device__ __forceinline__ float f_sign(float a) {
+  return static_cast<float>((a > 0.f) - (a < 0.f));
+}
+
+}  // namespace torchspeed::kernels::cuda

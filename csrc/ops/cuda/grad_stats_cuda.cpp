@@ -1,0 +1,96 @@
+// CUDA implementation of torchspeed::grad_stats and grad_stats_unscale_: validates, then hands raw
+// pointers to the torch-free kernels (kernels/cuda/grad_stats.cu) on the current stream. Nothing
+// here reads a device value on the host, so the op never synchronises. (c10/cuda/CUDAStream.h is
+// the stream API that ATen/cuda/CUDAContext.h re-exports as at::cuda::getCurrentCUDAStream, without
+// pulling in the cuBLAS/cuSPARSE/cuSOLVER headers.)
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "kernels/cuda/api.cuh"
+#include "ops/checks.h"
+
+namespace torchspeed::ops {
+namespace {
+
+namespace kc = kernels::cuda;
+
+kc::DType cuda_kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble:
+      return kc::DType::kDouble;
+    case at::kBFloat16:
+      return kc::DType::kBFloat16;
+    case at::kHalf:
+      return kc::DType::kHalf;
+    default:
+      return kc::DType::kFloat;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_cuda_impl(const char* op,
+                                                                    at::TensorList tensors,
+                                                                    const at::Tensor* inv_scale,
+                                                                    bool per_tensor) {
+  const at::Device device = check_float_tensor_list(op, "tensors", tensors);
+  if (inv_scale) check_scalar_tensor(op, "inv_scale", *inv_scale, device);
+  TORCH_CHECK(device.is_cuda(), "torchspeed.", op, ": tensors must be on a CUDA device, got ",
+              device);
+  const c10::cuda::CUDAGuard guard(device);
+
+  // Non-contiguous tensors go through a contiguous copy (written back after unscaling), as on CPU.
+  std::vector<at::Tensor> work(tensors.begin(), tensors.end());
+  for (auto& t : work) t = t.contiguous();
+  const int64_t n = static_cast<int64_t>(work.size());
+  std::vector<kc::GradStatsTensor> list(work.size());
+  for (size_t i = 0; i < work.size(); ++i) {
+    list[i] = {work[i].numel() ? work[i].data_ptr() : nullptr, work[i].numel(),
+               cuda_kernel_dtype(work[i].scalar_type())};
+  }
+  at::Tensor scale;
+  if (inv_scale) scale = inv_scale->contiguous();
+
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  at::Tensor workspace = at::empty({n}, opts.dtype(at::kDouble));
+  at::Tensor total = at::empty({}, opts);
+  at::Tensor per = at::empty({per_tensor ? n : 0}, opts);
+  at::Tensor found_inf = at::empty({}, opts);
+
+  const cudaError_t err = kc::grad_stats(
+      list.data(), n, inv_scale ? scale.data_ptr<float>() : nullptr,
+      workspace.data_ptr<double>(), total.data_ptr<float>(),
+      per_tensor ? per.data_ptr<float>() : nullptr, found_inf.data_ptr<float>(),
+      c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  TORCH_CHECK(err == cudaSuccess, "torchspeed.", op, ": CUDA kernel launch failed: ",
+              cudaGetErrorString(err));
+
+  if (inv_scale) {
+    for (size_t i = 0; i < work.size(); ++i) {
+      if (!work[i].is_same(tensors[i])) tensors[i].copy_(work[i]);
+    }
+  }
+  return {total, per, found_inf};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_cuda(at::TensorList tensors,
+                                                               bool per_tensor) {
+  return grad_stats_cuda_impl("grad_stats", tensors, nullptr, per_tensor);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_unscale_cuda(
+    at::TensorList tensors, const at::Tensor& inv_scale, bool per_tensor) {
+  return grad_stats_cuda_impl("grad_stats_unscale_", tensors, &inv_scale, per_tensor);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchspeed, CUDA, m) {
+  m.impl("grad_stats", &grad_stats_cuda);
+  m.impl("grad_stats_unscale_", &grad_stats_unscale_cuda);
+}
+
+}  // namespace torchspeed::ops

@@ -1,0 +1,186 @@
+// Argument checks shared by the fused optimizer ops' CPU, CUDA and Meta implementations: every
+// list and scalar tensor is validated before the first element is modified.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <initializer_list>
+#include <optional>
+
+#include "ops/checks.h"
+
+namespace torchspeed::ops {
+
+/// A per-param list argument: `optional` lists may be empty (feature off).
+struct NamedList {
+  const char* name;
+  at::TensorList list;
+  bool optional;
+  bool is_mask = false;  // masks are read-only float32
+};
+
+inline bool is_param_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+}
+
+/// Validates params, grads, the float32 state lists, steps and the scalar tensors of one step.
+/// Returns the params' device.
+inline at::Device check_optim_args(const char* op, at::TensorList params, at::TensorList grads,
+                                   std::initializer_list<NamedList> state,
+                                   std::initializer_list<std::pair<const char*, const std::optional<at::Tensor>*>> scalars) {
+  TORCH_CHECK(!params.empty(), "torchspeed.", op,
+              ": params must be a non-empty list of tensors, got an empty list");
+  const at::Device device = params[0].device();
+  TORCH_CHECK(grads.size() == params.size(), "torchspeed.", op, ": grads must have one tensor per "
+              "param (", params.size(), "), got ", grads.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    const at::Tensor& g = grads[i];
+    TORCH_CHECK(p.defined() && p.layout() == at::kStrided, "torchspeed.", op, ": params[", i,
+                "] must be a dense tensor, got ", p.defined() ? c10::str(p.layout()) : "None");
+    TORCH_CHECK(is_param_dtype(p.scalar_type()), "torchspeed.", op, ": params[", i,
+                "] must be float32, bfloat16 or float16, got ", p.scalar_type());
+    TORCH_CHECK(p.device() == device, "torchspeed.", op, ": params[", i, "] must be on ", device,
+                " like params[0], got ", p.device());
+    TORCH_CHECK(p.is_contiguous(), "torchspeed.", op, ": params[", i,
+                "] must be contiguous, got strides ", p.strides());
+    TORCH_CHECK(g.defined(), "torchspeed.", op, ": grads[", i, "] must be a tensor, got None");
+    TORCH_CHECK(g.layout() == at::kStrided, "torchspeed.", op, ": grads[", i,
+                "] must be dense; sparse gradients are not supported, got layout ", g.layout());
+    TORCH_CHECK(is_param_dtype(g.scalar_type()), "torchspeed.", op, ": grads[", i,
+                "] must be float32, bfloat16 or float16, got ", g.scalar_type());
+    TORCH_CHECK(g.device() == device, "torchspeed.", op, ": grads[", i, "] must be on ", device,
+                " like params[0], got ", g.device());
+    TORCH_CHECK(g.sym_sizes() == p.sym_sizes(), "torchspeed.", op, ": grads[", i,
+                "] must have the shape of params[", i, "] ", p.sym_sizes(), ", got ", g.sym_sizes());
+  }
+  for (const NamedList& s : state) {
+    if (s.optional && s.list.empty()) continue;
+    TORCH_CHECK(s.list.size() == params.size(), "torchspeed.", op, ": ", s.name,
+                " must have one tensor per param (", params.size(), ")",
+                s.optional ? " or be empty" : "", ", got ", s.list.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& t = s.list[i];
+      TORCH_CHECK(t.defined() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat &&
+                      t.is_contiguous(),
+                  "torchspeed.", op, ": ", s.name, "[", i,
+                  "] must be a contiguous float32 tensor, got ",
+                  t.defined() ? c10::str(t.scalar_type(), " ", t.layout(), " strides ", t.strides())
+                              : std::string("None"));
+      TORCH_CHECK(t.device() == device, "torchspeed.", op, ": ", s.name, "[", i, "] must be on ",
+                  device, " like params[0], got ", t.device());
+      TORCH_CHECK(t.sym_numel() == params[i].sym_numel(), "torchspeed.", op, ": ", s.name, "[", i,
+                  "] must have ", params[i].sym_numel(), " elements like params[", i, "], got ",
+                  t.sym_numel(), " (shape ", t.sym_sizes(), ")");
+    }
+  }
+  for (const auto& [name, t] : scalars) {
+    if (t->has_value()) check_scalar_tensor(op, name, **t, device);
+  }
+  return device;
+}
+
+/// Checks the per-param `steps` list (one-element float32 tensors on the params' device).
+inline void check_steps(const char* op, at::TensorList steps, size_t n, const at::Device& device) {
+  TORCH_CHECK(steps.size() == n, "torchspeed.", op, ": steps must have one tensor per param (", n,
+              "), got ", steps.size());
+  for (size_t i = 0; i < n; ++i) {
+    TORCH_CHECK(steps[i].defined() && steps[i].sym_numel() == 1 &&
+                    steps[i].scalar_type() == at::kFloat && steps[i].device() == device,
+                "torchspeed.", op, ": steps[", i, "] must be a one-element float32 tensor on ",
+                device, ", got ",
+                steps[i].defined() ? c10::str(steps[i].scalar_type(), " ", steps[i].sym_sizes(), " on ",
+                                              steps[i].device())
+                                   : std::string("None"));
+  }
+}
+
+inline void check_masks(const char* op, at::TensorList params, at::TensorList masks) {
+  if (masks.empty()) return;
+  TORCH_CHECK(masks.size() == params.size(), "torchspeed.", op,
+              ": masks must have one tensor per param (", params.size(), ") or be empty, got ",
+              masks.size());
+  for (size_t i = 0; i < masks.size(); ++i) {
+    TORCH_CHECK(masks[i].scalar_type() == at::kFloat && masks[i].is_contiguous() &&
+                    masks[i].sym_numel() == params[i].sym_numel() &&
+                    masks[i].device() == params[i].device(),
+                "torchspeed.", op, ": masks[", i, "] must be a contiguous float32 tensor of ",
+                params[i].sym_numel(), " elements on ", params[i].device(), ", got ",
+                masks[i].scalar_type(), " ", masks[i].sym_sizes(), " on ", masks[i].device());
+  }
+}
+
+using OptTensor = std::optional<at::Tensor>;
+
+// One validator per op, with the op's own argument names; CPU, CUDA and Meta call them first.
+
+inline void validate_adam_step(at::TensorList params, at::TensorList grads,
+                               at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                               at::TensorList max_exp_avg_sqs, at::TensorList masters,
+                               at::TensorList steps, at::TensorList masks, at::TensorList emas,
+                               bool amsgrad, const OptTensor& lr_tensor,
+                               const OptTensor& grad_scale, const OptTensor& found_inf,
+                               const OptTensor& clip_coef) {
+  const char* op = "adam_step_";
+  const at::Device device = check_optim_args(
+      op, params, grads,
+      {{"exp_avgs", exp_avgs, false}, {"exp_avg_sqs", exp_avg_sqs, false},
+       {"max_exp_avg_sqs", max_exp_avg_sqs, !amsgrad}, {"masters", masters, true},
+       {"emas", emas, true}},
+      {{"lr_tensor", &lr_tensor}, {"grad_scale", &grad_scale}, {"found_inf", &found_inf},
+       {"clip_coef", &clip_coef}});
+  check_steps(op, steps, params.size(), device);
+  check_masks(op, params, masks);
+}
+
+inline void validate_sgd_step(at::TensorList params, at::TensorList grads,
+                              at::TensorList momentum_buffers, at::TensorList masters,
+                              at::TensorList masks, at::TensorList emas, double momentum,
+                              double dampening, bool nesterov, const OptTensor& lr_tensor,
+                              const OptTensor& grad_scale, const OptTensor& found_inf,
+                              const OptTensor& clip_coef) {
+  const char* op = "sgd_step_";
+  check_optim_args(op, params, grads,
+                   {{"momentum_buffers", momentum_buffers, momentum == 0.0},
+                    {"masters", masters, true}, {"emas", emas, true}},
+                   {{"lr_tensor", &lr_tensor}, {"grad_scale", &grad_scale},
+                    {"found_inf", &found_inf}, {"clip_coef", &clip_coef}});
+  check_masks(op, params, masks);
+  TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "torchspeed.", op,
+              ": nesterov requires momentum > 0 and dampening == 0, got momentum ", momentum,
+              " and dampening ", dampening);
+}
+
+inline void validate_lion_step(at::TensorList params, at::TensorList grads,
+                               at::TensorList exp_avgs, at::TensorList masters,
+                               at::TensorList steps, at::TensorList masks, at::TensorList emas,
+                               const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                               const OptTensor& found_inf, const OptTensor& clip_coef) {
+  const char* op = "lion_step_";
+  const at::Device device = check_optim_args(
+      op, params, grads,
+      {{"exp_avgs", exp_avgs, false}, {"masters", masters, true}, {"emas", emas, true}},
+      {{"lr_tensor", &lr_tensor}, {"grad_scale", &grad_scale}, {"found_inf", &found_inf},
+       {"clip_coef", &clip_coef}});
+  check_steps(op, steps, params.size(), device);
+  check_masks(op, params, masks);
+}
+
+inline void validate_lamb_step(at::TensorList params, at::TensorList grads,
+                               at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                               at::TensorList masters, at::TensorList steps, at::TensorList masks,
+                               at::TensorList emas, const OptTensor& lr_tensor,
+                               const OptTensor& grad_scale, const OptTensor& found_inf,
+                               const OptTensor& clip_coef) {
+  const char* op = "lamb_step_";
+  const at::Device device = check_optim_args(
+      op, params, grads,
+      {{"exp_avgs", exp_avgs, false}, {"exp_avg_sqs", exp_avg_sqs, false},
+       {"masters", masters, true}, {"emas", emas, true}},
+      {{"lr_tensor", &lr_tensor}, {"grad_scale", &grad_scale}, {"found_inf", &found_inf},
+       {"clip_coef", &clip_coef}});
+  check_steps(op, steps, params.size(), device);
+  check_masks(op, params, masks);
+}
+
+}  // namespace torchspeed::ops

@@ -1,0 +1,481 @@
+"""torchspeed.data.DataLoader and its native sources (WebDataset shards, .npy files, tensors).
+
+Design (why two paths):
+
+* **Native sources** (:class:`WebDataset`, :class:`NpySource`, :class:`TensorSource`) run the whole
+  per-sample pipeline (read, decode, crop, flip, normalize, collate) in C++ threads that write
+  straight into a ring of reusable (pinned when CUDA exists) batch slots. No Python runs per
+  sample, so threads scale without the GIL and without processes, pickling or a pin thread.
+* **An ordinary torch map-style Dataset** runs user Python code in ``__getitem__``. Under the GIL,
+  threads would serialize that code, so torch's process-based workers are the fastest available
+  design; re-implementing them would add risk for no speed. We therefore delegate to
+  ``torch.utils.data.DataLoader`` with the same arguments: batches are identical to torch's (same
+  sampler, seeds, collate), speed is torch's, and ``device=`` adds the side-stream prefetch.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import warnings
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
+
+import torch
+
+from .prefetch import DevicePrefetcher
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _native():
+    from torchspeed import _C
+
+    if not hasattr(_C, "data"):
+        raise ImportError("torchspeed was built without the data loader (TORCHSPEED_WITH_DATA=OFF)")
+    return _C.data
+
+
+def expand_urls(urls: Union[str, Sequence[str]]) -> list:
+    """WebDataset-style shard lists: "a-{000000..000009}.tar", "{a,b}.tar", globs, or a list."""
+    if isinstance(urls, (str, os.PathLike)):
+        urls = [os.fspath(urls)]
+    out = []
+    for u in urls:
+        for e in _brace_expand(os.fspath(u)):
+            if any(c in e for c in "*?[") and not os.path.exists(e):
+                matches = sorted(glob.glob(e))
+                if not matches:
+                    raise FileNotFoundError(f"torchspeed.data.WebDataset: no shard matches '{e}'")
+                out.extend(matches)
+            else:
+                out.append(e)
+    return out
+
+
+def _brace_expand(s: str) -> list:
+    m = re.search(r"\{([^{}]*)\}", s)
+    if not m:
+        return [s]
+    head, body, tail = s[: m.start()], m.group(1), s[m.end() :]
+    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if r:
+        a, b = r.group(1), r.group(2)
+        width = len(a) if a.startswith("0") or len(a) == len(b) else 0
+        items = [str(i).zfill(width) for i in range(int(a), int(b) + 1)]
+    else:
+        items = body.split(",")
+    return [x for item in items for x in _brace_expand(head + item + tail)]
+
+
+def _image_options(
+    crop,
+    size,
+    scale,
+    ratio,
+    resize_size,
+    flip_prob,
+    dtype,
+    normalize,
+    channels_last,
+    decode_scaling,
+):
+    o = _native().ImageTransformOptions()
+    o.crop = crop
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    o.height, o.width = int(h), int(w)
+    o.resize_size = int(resize_size)
+    o.scale = (float(scale[0]), float(scale[1]))
+    o.ratio = (float(ratio[0]), float(ratio[1]))
+    o.flip_prob = float(flip_prob)
+    if dtype not in (torch.uint8, torch.float32):
+        raise ValueError(
+            f"torchspeed.data: dtype must be torch.uint8 or torch.float32, got {dtype}"
+        )
+    o.to_float = dtype == torch.float32
+    if normalize:
+        mean, std = (IMAGENET_MEAN, IMAGENET_STD) if normalize is True else normalize
+        o.normalize, o.to_float = True, True
+        o.mean, o.std = [float(x) for x in mean], [float(x) for x in std]
+    o.channels_last = bool(channels_last)
+    o.decode_scaling = bool(decode_scaling)
+    o.validate()
+    return o
+
+
+class _NativeSource:
+    """Base of native sources: holds the C++ source and turns its batch dict into user output."""
+
+    _source: Any
+    _names: Optional[Sequence[str]] = None  # output tuple order; None -> dict
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def _convert(self, batch: dict) -> Any:
+        if self._names is None:
+            return batch
+        if len(self._names) == 1:
+            return batch[self._names[0]]
+        return tuple(batch[n] for n in self._names)
+
+
+class WebDataset(_NativeSource):
+    """WebDataset tar shards decoded and augmented in C++.
+
+    Samples are consecutive tar members sharing a key (path up to the first dot of the basename);
+    the rest of the name is the extension. ``fields`` picks what each batch holds, in order (a
+    tuple is yielded); alternatives are separated by ';' ("jpg;png"). Without ``fields`` a dict
+    of every recognised field of the first sample is yielded. Kinds by extension: jpg/jpeg/png
+    -> image tensor (after the transform below), cls/cls2/id/index -> int64, txt/json -> list of
+    str, npy -> stacked tensor; "__key__" -> list of sample keys.
+
+    Image transform (matching torchvision on PIL, pixel for pixel, given the same draws):
+    ``crop="random_resized_crop"``: RandomResizedCrop(size, scale, ratio);
+    ``"resize_center_crop"``: Resize(resize_size) + CenterCrop(size); ``"resize"``: Resize to
+    exactly ``size``; ``"none"``: images must already be ``size``. Then horizontal flip with
+    ``flip_prob``, output ``dtype`` uint8 (0..255) or float32 (0..1), ``normalize=True`` or
+    ``(mean, std)``, CHW (default) or ``channels_last`` HWC. ``decode_scaling`` lets libjpeg-turbo
+    decode at 1/2, 1/4 or 1/8 size when the crop is at least that many times the output (faster;
+    pixels then follow PIL's ``draft`` decode instead of a full decode).
+    Randomness comes from (seed, epoch, sample index), never from the worker.
+    """
+
+    def __init__(
+        self,
+        urls: Union[str, Sequence[str]],
+        fields: Optional[Sequence[str]] = None,
+        *,
+        crop: str = "random_resized_crop",
+        size: Union[int, Sequence[int]] = 224,
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3 / 4, 4 / 3),
+        resize_size: int = 256,
+        flip_prob: float = 0.0,
+        dtype: torch.dtype = torch.uint8,
+        normalize: Union[bool, tuple] = False,
+        channels_last: bool = False,
+        decode_scaling: bool = True,
+    ):
+        if isinstance(fields, str):
+            fields = [fields]
+        self.urls = expand_urls(urls)
+        self.fields = list(fields) if fields else []
+        self.image_options = _image_options(
+            crop,
+            size,
+            scale,
+            ratio,
+            resize_size,
+            flip_prob,
+            dtype,
+            normalize,
+            channels_last,
+            decode_scaling,
+        )
+        self._source = _native().webdataset_source(self.urls, self.fields, self.image_options)
+        self._names = self.fields if fields else None
+
+    def __repr__(self) -> str:
+        o = self.image_options
+        return (
+            f"WebDataset({len(self.urls)} shards, {len(self)} samples, fields={self.fields}, "
+            f"crop={o.crop}, size=({o.height}, {o.width}), flip_prob={o.flip_prob})"
+        )
+
+
+class NpySource(_NativeSource):
+    """Memory-mapped .npy arrays; axis 0 is the sample axis.
+
+    ``NpySource("x.npy")`` yields tensors; ``NpySource({"x": "x.npy", "y": "y.npy"})`` yields dicts;
+    ``NpySource(["x.npy", "y.npy"])`` yields tuples.
+    """
+
+    def __init__(self, arrays: Union[str, Sequence[str], Mapping[str, str]]):
+        if isinstance(arrays, (str, os.PathLike)):
+            pairs, names = [("0", os.fspath(arrays))], ["0"]
+        elif isinstance(arrays, Mapping):
+            pairs, names = [(str(k), os.fspath(v)) for k, v in arrays.items()], None
+        else:
+            pairs = [(str(i), os.fspath(p)) for i, p in enumerate(arrays)]
+            names = [n for n, _ in pairs]
+        self._source = _native().npy_source(pairs)
+        self._names = names
+
+
+class TensorSource(_NativeSource):
+    """In-memory tensors gathered per batch with index_select (like TensorDataset, but batched).
+
+    ``TensorSource(x, y)`` yields tuples; ``TensorSource(x)`` yields tensors;
+    ``TensorSource(x=x, y=y)`` yields dicts.
+    """
+
+    def __init__(self, *tensors: torch.Tensor, **named: torch.Tensor):
+        if tensors and named:
+            raise ValueError("torchspeed.data.TensorSource: pass tensors positionally or by name")
+        if named:
+            pairs, names = list(named.items()), None
+        else:
+            pairs = [(str(i), t) for i, t in enumerate(tensors)]
+            names = [n for n, _ in pairs]
+        self._source = _native().tensor_source(pairs)
+        self._names = names
+
+
+class DataLoader:
+    """Drop-in for ``torch.utils.data.DataLoader`` (same argument names and meanings).
+
+    With a native source (:class:`WebDataset`, :class:`NpySource`, :class:`TensorSource`) batches
+    are produced by ``num_workers`` C++ threads (0 means 1) into ``num_workers * prefetch_factor
+    + 2`` reusable slots. Extra arguments: ``seed`` (or ``generator``: its initial seed) fixes the
+    shuffle and every augmentation: batches are bitwise identical for any ``num_workers``;
+    ``device`` copies batches ahead on a side CUDA stream (:class:`DevicePrefetcher`);
+    ``on_error`` "raise" (an error naming shard and sample key) or "skip" (counted in
+    ``stats()["skipped"]`` and warned about at the end of the epoch); ``rank``/``world_size``/
+    ``drop_uneven`` shard the epoch across processes (pad by default, like DistributedSampler).
+    ``state_dict()``/``load_state_dict()`` resume mid-epoch exactly, with any ``num_workers``.
+    A ``sampler`` (e.g. DistributedSampler) is iterated once per epoch for the order.
+    ``collate_fn``, if given, is applied to each native batch (after C++ collation).
+
+    With any other dataset, everything is delegated to ``torch.utils.data.DataLoader`` (see the
+    module docstring for why) and ``device=`` is applied on top.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: Optional[int] = 1,
+        shuffle: Optional[bool] = None,
+        sampler: Optional[Iterable] = None,
+        batch_sampler: Optional[Iterable] = None,
+        num_workers: int = 0,
+        collate_fn: Optional[Callable] = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Optional[Callable] = None,
+        multiprocessing_context: Any = None,
+        generator: Optional[torch.Generator] = None,
+        *,
+        prefetch_factor: Optional[int] = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        seed: Optional[int] = None,
+        device: Any = None,
+        prefetch_depth: int = 2,
+        on_error: str = "raise",
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        drop_uneven: bool = False,
+    ):
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.device = torch.device(device) if device is not None else None
+        self.prefetch_depth = prefetch_depth
+        self.native = isinstance(dataset, _NativeSource)
+        self.sampler = sampler
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+        self._epoch_sampler_seen = None
+        if not self.native:
+            kwargs = dict(
+                batch_size=batch_size,
+                shuffle=shuffle,
+                sampler=sampler,
+                batch_sampler=batch_sampler,
+                num_workers=num_workers,
+                collate_fn=collate_fn,
+                pin_memory=pin_memory,
+                drop_last=drop_last,
+                timeout=timeout,
+                worker_init_fn=worker_init_fn,
+                multiprocessing_context=multiprocessing_context,
+                generator=generator,
+                prefetch_factor=prefetch_factor,
+                persistent_workers=persistent_workers,
+                pin_memory_device=pin_memory_device,
+            )
+            if not in_order:
+                kwargs["in_order"] = in_order
+            if seed is not None and generator is None:
+                kwargs["generator"] = torch.Generator().manual_seed(seed)
+            self._torch_loader = torch.utils.data.DataLoader(dataset, **kwargs)
+            return
+
+        if batch_sampler is not None or batch_size is None:
+            raise ValueError(
+                "torchspeed.data.DataLoader: native sources need batch_size >= 1 and "
+                "no batch_sampler (batches are assembled in C++)"
+            )
+        if worker_init_fn is not None:
+            raise ValueError(
+                "torchspeed.data.DataLoader: worker_init_fn does not apply to native "
+                "sources (workers are C++ threads running no Python)"
+            )
+        if sampler is not None and shuffle:
+            raise ValueError(
+                "torchspeed.data.DataLoader: sampler option is mutually exclusive with shuffle"
+            )
+        if on_error not in ("raise", "skip"):
+            raise ValueError(
+                f"torchspeed.data.DataLoader: on_error must be 'raise' or 'skip', got {on_error!r}"
+            )
+        if seed is None:
+            seed = (
+                generator.initial_seed()
+                if generator is not None
+                else int(torch.empty((), dtype=torch.int64).random_().item())
+            )
+        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        o = _native().LoaderOptions()
+        o.batch_size = int(batch_size)
+        o.shuffle = bool(shuffle)
+        o.drop_last = bool(drop_last)
+        o.num_workers = max(1, int(num_workers))
+        o.prefetch_factor = int(prefetch_factor) if prefetch_factor is not None else 2
+        o.pin_memory = bool(pin_memory) or (self.device is not None and self.device.type == "cuda")
+        o.timeout_s = float(timeout)
+        o.seed = self.seed
+        o.on_error = on_error
+        o.rank = 0 if rank is None else int(rank)
+        o.world_size = 1 if world_size is None else int(world_size)
+        o.drop_uneven = bool(drop_uneven)
+        self.options = o
+        self._loader = _native().Loader(dataset._source, o)
+
+    # ---- torch DataLoader surface
+    def __len__(self) -> int:
+        if not self.native:
+            return len(self._torch_loader)
+        if self.sampler is not None:
+            n = len(self.sampler)  # type: ignore[arg-type]
+            b = self.options.batch_size
+            return n // b if self.options.drop_last else (n + b - 1) // b
+        return self._loader.num_batches()
+
+    def __iter__(self) -> Iterator:
+        it = iter(self._torch_loader) if not self.native else _NativeIterator(self)
+        if self.device is not None:
+            return iter(DevicePrefetcher(_Once(it, len(self)), self.device, self.prefetch_depth))
+        return it
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch of the next iteration (shuffle order and augmentation draws)."""
+        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+        if self.native:
+            self._loader.set_epoch(int(epoch))
+        elif hasattr(getattr(self._torch_loader, "sampler", None), "set_epoch"):
+            self._torch_loader.sampler.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        self._require_native("epoch")
+        return self._loader.epoch
+
+    def state_dict(self) -> dict:
+        """Resume state (a few integers): epoch and batches consumed, plus sizes to validate."""
+        self._require_native("state_dict")
+        return dict(self._loader.state_dict())
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self._require_native("load_state_dict")
+        self._loader.load_state_dict({k: int(v) for k, v in state.items()})
+
+    def stats(self) -> dict:
+        """Throughput, per-stage seconds (summed over threads), queue occupancy, consumer wait."""
+        self._require_native("stats")
+        return self._loader.stats()
+
+    def reset_stats(self) -> None:
+        self._require_native("reset_stats")
+        self._loader.reset_stats()
+
+    def shutdown(self) -> None:
+        """Stops the worker threads now (they restart on the next iteration)."""
+        if self.native:
+            self._loader.shutdown()
+
+    def __repr__(self) -> str:
+        if not self.native:
+            return f"torchspeed.data.DataLoader(delegating to {self._torch_loader!r})"
+        o = self.options
+        return (
+            f"torchspeed.data.DataLoader({self.dataset!r}, batch_size={o.batch_size}, "
+            f"shuffle={o.shuffle}, drop_last={o.drop_last}, num_workers={o.num_workers}, "
+            f"prefetch_factor={o.prefetch_factor}, seed={o.seed}, on_error={o.on_error!r}, "
+            f"rank={o.rank}, world_size={o.world_size}, device={self.device})"
+        )
+
+    def _require_native(self, what: str) -> None:
+        if not self.native:
+            raise NotImplementedError(
+                f"torchspeed.data.DataLoader.{what}: only available for native sources "
+                "(WebDataset, NpySource, TensorSource); torch Datasets are delegated to "
+                "torch.utils.data.DataLoader"
+            )
+
+
+class _Once:
+    """An already-started iterator with a length, for DevicePrefetcher."""
+
+    def __init__(self, it: Iterator, n: int):
+        self.it, self.n = it, n
+
+    def __iter__(self) -> Iterator:
+        return self.it
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class _NativeIterator:
+    def __init__(self, dl: DataLoader):
+        self.dl = dl
+        self.done = False
+        if dl.sampler is not None:
+            dl._loader.set_indices([int(i) for i in dl.sampler])
+        dl._loader.start_epoch()
+        self.skipped_at_start = dl._loader.stats()["skipped"]
+
+    def __iter__(self) -> _NativeIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.dl)
+
+    def __next__(self) -> Any:
+        if self.done:
+            raise StopIteration
+        r = self.dl._loader.next()
+        if r is None:
+            self._finish()
+            raise StopIteration
+        batch = self.dl.dataset._convert(r[0])
+        if self.dl.collate_fn is not None:
+            batch = self.dl.collate_fn(batch)
+        return batch
+
+    def __del__(self) -> None:
+        # Dropping an unfinished iterator stops the threads (unless persistent_workers).
+        try:
+            if not self.done and not self.dl.persistent_workers:
+                self.done = True
+                self.dl._loader.shutdown()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
+    def _finish(self) -> None:
+        self.done = True
+        st = self.dl._loader.stats()
+        skipped = st["skipped"] - self.skipped_at_start
+        if skipped:
+            warnings.warn(
+                f"torchspeed.data.DataLoader: skipped {skipped} sample(s) this epoch "
+                f"(on_error='skip'); last error: {st['last_error']}",
+                stacklevel=3,
+            )
+        if not self.dl.persistent_workers:
+            self.dl._loader.shutdown()

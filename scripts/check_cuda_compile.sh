@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Compile-checks the CUDA code without a GPU: every csrc/kernels/cuda/*.cu with nvcc for sm_80 and
+# sm_90 (warnings are errors), and, when the installed torch ships the ATen/c10 CUDA headers, a
+# g++ -fsyntax-only pass over the op glue in csrc/ops/cuda/*.cpp. Exits non-zero on any failure.
+#   scripts/check_cuda_compile.sh            # from the repo root (or anywhere: it cd's there)
+#   NVCC=/path/to/nvcc ARCHS="80 90" scripts/check_cuda_compile.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+NVCC="${NVCC:-$(command -v nvcc || true)}"
+[[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
+ARCHS="${ARCHS:-80 90}"
+failures=0
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+# ---- kernels: torch-free, nvcc only ---------------------------------------------------------------
+if [[ -z "$NVCC" ]]; then
+  echo "nvcc not found: CUDA compile check skipped"
+  exit 0
+fi
+echo "nvcc: $("$NVCC" --version | tail -n 1)"
+shopt -s nullglob
+kernels=(csrc/kernels/cuda/*.cu)
+if ((${#kernels[@]} == 0)); then
+  echo "FAIL  no csrc/kernels/cuda/*.cu found"
+  failures=$((failures + 1))
+fi
+for src in "${kernels[@]}"; do
+  for arch in $ARCHS; do
+    obj="$tmp/$(basename "$src" .cu)_sm${arch}.o"
+    log="$tmp/$(basename "$src" .cu)_sm${arch}.log"
+    start=$(date +%s)
+    if "$NVCC" -std=c++17 -O3 -arch="sm_${arch}" -Icsrc -Iinclude --expt-relaxed-constexpr \
+        -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -c "$src" -o "$obj" >"$log" 2>&1; then
+      echo "ok    $src  sm_${arch}  ($(( $(date +%s) - start ))s)"
+    else
+      echo "FAIL  $src  sm_${arch}"
+      sed 's/^/      /' "$log"
+      failures=$((failures + 1))
+    fi
+  done
+done
+
+# ---- op glue: host C++ against ATen's CUDA headers, syntax only ------------------------------------
+PYTHON="${PYTHON:-python3}"
+torch_dir="$("$PYTHON" -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)"
+cuda_home="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
+cuda_inc=""
+for d in "$cuda_home/include" /usr/local/cuda/include; do
+  [[ -f "$d/cuda_runtime_api.h" ]] && cuda_inc="$d" && break
+done
+glue=(csrc/ops/cuda/*.cpp)
+if ((${#glue[@]} == 0)); then
+  echo "skip  op glue: no csrc/ops/cuda/*.cpp"
+elif [[ -z "$torch_dir" ]]; then
+  echo "skip  op glue: torch is not importable with $PYTHON"
+elif [[ ! -f "$torch_dir/include/ATen/cuda/CUDAContext.h" || ! -f "$torch_dir/include/c10/cuda/CUDAGuard.h" ]]; then
+  echo "skip  op glue: this torch ($torch_dir) ships no ATen/cuda or c10/cuda headers"
+elif [[ -z "$cuda_inc" ]]; then
+  echo "skip  op glue: cuda_runtime_api.h not found next to $NVCC"
+else
+  abi="$("$PYTHON" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || echo 1)"
+  for src in "${glue[@]}"; do
+    log="$tmp/$(basename "$src").log"
+    if "${CXX:-g++}" -std=c++17 -fsyntax-only -Wall -Wextra -Wno-unused-parameter -Werror \
+        -isystem "$torch_dir/include" -isystem "$torch_dir/include/torch/csrc/api/include" \
+        -isystem "$cuda_inc" -Icsrc -Iinclude -D_GLIBCXX_USE_CXX11_ABI="$abi" \
+        -DTORCHSPEED_WITH_CUDA=1 "$src" >"$log" 2>&1; then
+      echo "ok    $src  (g++ -fsyntax-only)"
+    else
+      echo "FAIL  $src  (g++ -fsyntax-only)"
+      sed 's/^/      /' "$log"
+      failures=$((failures + 1))
+    fi
+  done
+fi
+
+if ((failures > 0)); then
+  echo "check_cuda_compile: $failures failure(s)"
+  exit 1
+fi
+echo "check_cuda_compile: all passed"
