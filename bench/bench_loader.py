@@ -25,8 +25,9 @@ import time
 
 import numpy as np
 import torch
-import torchspeed
 from PIL import Image
+
+import torchspeed
 from torchspeed.data import DataLoader, TensorSource, WebDataset
 from torchspeed.data.write_shards import ShardWriter
 

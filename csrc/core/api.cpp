@@ -11,13 +11,11 @@ namespace torchspeed {
 const char* version() { return "0.1.0"; }
 
 std::string cpu_isa() {
-  return ops::rethrow_as_torch_error(
-      "cpu_isa", [] { return std::string(kernels::cpu::cpu_kernels().name); });
+  return ops::rethrow_as_torch_error("cpu_isa",
+                                     [] { return std::string(kernels::cpu::cpu_kernels().name); });
 }
 
-std::string cpu_isa_detected() {
-  return kernels::cpu::isa_name(kernels::cpu::detected_isa());
-}
+std::string cpu_isa_detected() { return kernels::cpu::isa_name(kernels::cpu::detected_isa()); }
 
 std::string cpu_isas_compiled() {
   std::string out;

@@ -44,8 +44,8 @@ inline at::Device check_float_tensor_list(const char* op, const char* arg, at::T
                 "] must be a dense (strided) tensor, got layout ", t.layout());
     TORCH_CHECK(is_kernel_float(t.scalar_type()), "torchspeed.", op, ": ", arg, "[", i,
                 "] must be float32, float64, bfloat16 or float16, got ", t.scalar_type());
-    TORCH_CHECK(t.device() == device, "torchspeed.", op, ": ", arg, "[", i, "] must be on ",
-                device, " like ", arg, "[0], got ", t.device());
+    TORCH_CHECK(t.device() == device, "torchspeed.", op, ": ", arg, "[", i, "] must be on ", device,
+                " like ", arg, "[0], got ", t.device());
   }
   return device;
 }
@@ -80,7 +80,7 @@ decltype(auto) rethrow_as_torch_error(const char* op, F&& f) {
 /// Registers REGISTER(m) (a function adding validating impls) for the sparse dispatch keys, so a
 /// sparse argument gets the op's own "must be dense" error instead of the dispatcher's generic
 /// "could not run with arguments from the SparseCPU backend".
-#define TORCHSPEED_REGISTER_FOR_SPARSE_KEYS(REGISTER) \
+#define TORCHSPEED_REGISTER_FOR_SPARSE_KEYS(REGISTER)              \
   TORCH_LIBRARY_IMPL(torchspeed, SparseCPU, m) { REGISTER(m); }    \
   TORCH_LIBRARY_IMPL(torchspeed, SparseCUDA, m) { REGISTER(m); }   \
   TORCH_LIBRARY_IMPL(torchspeed, SparseCsrCPU, m) { REGISTER(m); } \

@@ -25,14 +25,17 @@ inline bool is_param_dtype(at::ScalarType t) {
 
 /// Validates params, grads, the float32 state lists, steps and the scalar tensors of one step.
 /// Returns the params' device.
-inline at::Device check_optim_args(const char* op, at::TensorList params, at::TensorList grads,
-                                   std::initializer_list<NamedList> state,
-                                   std::initializer_list<std::pair<const char*, const std::optional<at::Tensor>*>> scalars) {
+inline at::Device check_optim_args(
+    const char* op, at::TensorList params, at::TensorList grads,
+    std::initializer_list<NamedList> state,
+    std::initializer_list<std::pair<const char*, const std::optional<at::Tensor>*>> scalars) {
   TORCH_CHECK(!params.empty(), "torchspeed.", op,
               ": params must be a non-empty list of tensors, got an empty list");
   const at::Device device = params[0].device();
-  TORCH_CHECK(grads.size() == params.size(), "torchspeed.", op, ": grads must have one tensor per "
-              "param (", params.size(), "), got ", grads.size());
+  TORCH_CHECK(grads.size() == params.size(), "torchspeed.", op,
+              ": grads must have one tensor per "
+              "param (",
+              params.size(), "), got ", grads.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     const at::Tensor& g = grads[i];
@@ -52,7 +55,8 @@ inline at::Device check_optim_args(const char* op, at::TensorList params, at::Te
     TORCH_CHECK(g.device() == device, "torchspeed.", op, ": grads[", i, "] must be on ", device,
                 " like params[0], got ", g.device());
     TORCH_CHECK(g.sym_sizes() == p.sym_sizes(), "torchspeed.", op, ": grads[", i,
-                "] must have the shape of params[", i, "] ", p.sym_sizes(), ", got ", g.sym_sizes());
+                "] must have the shape of params[", i, "] ", p.sym_sizes(), ", got ",
+                g.sym_sizes());
   }
   for (const NamedList& s : state) {
     if (s.optional && s.list.empty()) continue;
@@ -89,8 +93,8 @@ inline void check_steps(const char* op, at::TensorList steps, size_t n, const at
                     steps[i].scalar_type() == at::kFloat && steps[i].device() == device,
                 "torchspeed.", op, ": steps[", i, "] must be a one-element float32 tensor on ",
                 device, ", got ",
-                steps[i].defined() ? c10::str(steps[i].scalar_type(), " ", steps[i].sym_sizes(), " on ",
-                                              steps[i].device())
+                steps[i].defined() ? c10::str(steps[i].scalar_type(), " ", steps[i].sym_sizes(),
+                                              " on ", steps[i].device())
                                    : std::string("None"));
   }
 }
@@ -114,21 +118,23 @@ using OptTensor = std::optional<at::Tensor>;
 
 // One validator per op, with the op's own argument names; CPU, CUDA and Meta call them first.
 
-inline void validate_adam_step(at::TensorList params, at::TensorList grads,
-                               at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                               at::TensorList max_exp_avg_sqs, at::TensorList masters,
-                               at::TensorList steps, at::TensorList masks, at::TensorList emas,
-                               bool amsgrad, const OptTensor& lr_tensor,
+inline void validate_adam_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                               at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                               at::TensorList masters, at::TensorList steps, at::TensorList masks,
+                               at::TensorList emas, bool amsgrad, const OptTensor& lr_tensor,
                                const OptTensor& grad_scale, const OptTensor& found_inf,
                                const OptTensor& clip_coef) {
   const char* op = "adam_step_";
-  const at::Device device = check_optim_args(
-      op, params, grads,
-      {{"exp_avgs", exp_avgs, false}, {"exp_avg_sqs", exp_avg_sqs, false},
-       {"max_exp_avg_sqs", max_exp_avg_sqs, !amsgrad}, {"masters", masters, true},
-       {"emas", emas, true}},
-      {{"lr_tensor", &lr_tensor}, {"grad_scale", &grad_scale}, {"found_inf", &found_inf},
-       {"clip_coef", &clip_coef}});
+  const at::Device device = check_optim_args(op, params, grads,
+                                             {{"exp_avgs", exp_avgs, false},
+                                              {"exp_avg_sqs", exp_avg_sqs, false},
+                                              {"max_exp_avg_sqs", max_exp_avg_sqs, !amsgrad},
+                                              {"masters", masters, true},
+                                              {"emas", emas, true}},
+                                             {{"lr_tensor", &lr_tensor},
+                                              {"grad_scale", &grad_scale},
+                                              {"found_inf", &found_inf},
+                                              {"clip_coef", &clip_coef}});
   check_steps(op, steps, params.size(), device);
   check_masks(op, params, masks);
 }
@@ -142,43 +148,50 @@ inline void validate_sgd_step(at::TensorList params, at::TensorList grads,
   const char* op = "sgd_step_";
   check_optim_args(op, params, grads,
                    {{"momentum_buffers", momentum_buffers, momentum == 0.0},
-                    {"masters", masters, true}, {"emas", emas, true}},
-                   {{"lr_tensor", &lr_tensor}, {"grad_scale", &grad_scale},
-                    {"found_inf", &found_inf}, {"clip_coef", &clip_coef}});
+                    {"masters", masters, true},
+                    {"emas", emas, true}},
+                   {{"lr_tensor", &lr_tensor},
+                    {"grad_scale", &grad_scale},
+                    {"found_inf", &found_inf},
+                    {"clip_coef", &clip_coef}});
   check_masks(op, params, masks);
   TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "torchspeed.", op,
               ": nesterov requires momentum > 0 and dampening == 0, got momentum ", momentum,
               " and dampening ", dampening);
 }
 
-inline void validate_lion_step(at::TensorList params, at::TensorList grads,
-                               at::TensorList exp_avgs, at::TensorList masters,
-                               at::TensorList steps, at::TensorList masks, at::TensorList emas,
-                               const OptTensor& lr_tensor, const OptTensor& grad_scale,
-                               const OptTensor& found_inf, const OptTensor& clip_coef) {
+inline void validate_lion_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                               at::TensorList masters, at::TensorList steps, at::TensorList masks,
+                               at::TensorList emas, const OptTensor& lr_tensor,
+                               const OptTensor& grad_scale, const OptTensor& found_inf,
+                               const OptTensor& clip_coef) {
   const char* op = "lion_step_";
   const at::Device device = check_optim_args(
       op, params, grads,
       {{"exp_avgs", exp_avgs, false}, {"masters", masters, true}, {"emas", emas, true}},
-      {{"lr_tensor", &lr_tensor}, {"grad_scale", &grad_scale}, {"found_inf", &found_inf},
+      {{"lr_tensor", &lr_tensor},
+       {"grad_scale", &grad_scale},
+       {"found_inf", &found_inf},
        {"clip_coef", &clip_coef}});
   check_steps(op, steps, params.size(), device);
   check_masks(op, params, masks);
 }
 
-inline void validate_lamb_step(at::TensorList params, at::TensorList grads,
-                               at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                               at::TensorList masters, at::TensorList steps, at::TensorList masks,
-                               at::TensorList emas, const OptTensor& lr_tensor,
-                               const OptTensor& grad_scale, const OptTensor& found_inf,
-                               const OptTensor& clip_coef) {
+inline void validate_lamb_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                               at::TensorList exp_avg_sqs, at::TensorList masters,
+                               at::TensorList steps, at::TensorList masks, at::TensorList emas,
+                               const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                               const OptTensor& found_inf, const OptTensor& clip_coef) {
   const char* op = "lamb_step_";
-  const at::Device device = check_optim_args(
-      op, params, grads,
-      {{"exp_avgs", exp_avgs, false}, {"exp_avg_sqs", exp_avg_sqs, false},
-       {"masters", masters, true}, {"emas", emas, true}},
-      {{"lr_tensor", &lr_tensor}, {"grad_scale", &grad_scale}, {"found_inf", &found_inf},
-       {"clip_coef", &clip_coef}});
+  const at::Device device = check_optim_args(op, params, grads,
+                                             {{"exp_avgs", exp_avgs, false},
+                                              {"exp_avg_sqs", exp_avg_sqs, false},
+                                              {"masters", masters, true},
+                                              {"emas", emas, true}},
+                                             {{"lr_tensor", &lr_tensor},
+                                              {"grad_scale", &grad_scale},
+                                              {"found_inf", &found_inf},
+                                              {"clip_coef", &clip_coef}});
   check_steps(op, steps, params.size(), device);
   check_masks(op, params, masks);
 }

@@ -3,6 +3,8 @@
 
 namespace torchspeed::python {
 
-void bind_optim(pybind11::module_& m) { m.def_submodule("optim", "torchspeed optimizer internals"); }
+void bind_optim(pybind11::module_& m) {
+  m.def_submodule("optim", "torchspeed optimizer internals");
+}
 
 }  // namespace torchspeed::python

@@ -3,6 +3,10 @@
 //
 //   #include <torchspeed/torchspeed.h>
 //   auto stats = torchspeed::grad_stats(model->parameters());
+//
+// The larger parts have their own headers (each includes this one):
+//   <torchspeed/optim.h>        torchspeed::optim::Adam, AdamW, SGD, Lion, LAMB
+//   <torchspeed/data/loader.h>  torchspeed::data::Loader (when built with TORCHSPEED_WITH_DATA)
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,10 @@
 """torchspeed: fused AMP optimizers, a native prefetching loader, and more, for PyTorch training.
 
-    import torchspeed
-    opt = torchspeed.optim.AdamW(model.parameters(), lr=1e-3)   # drop-in for torch.optim.AdamW
-    stats = torchspeed.ops.grad_stats(grads)                    # norm + non-finite flag, one pass
+Example::
+
+    opt = torchspeed.optim.AdamW(model.parameters(), lr=1e-3)  # drop-in for torch.optim.AdamW
+    stats = torchspeed.ops.grad_stats(grads)  # norm + non-finite flag, one pass
+    loader = torchspeed.data.DataLoader(dataset, batch_size=256, num_workers=8)
 """
 
 import os as _os
@@ -13,8 +15,7 @@ from ._loader import load_native as _load_native
 
 _C, build_info = _load_native()
 
-from . import ops  # noqa: E402
-from . import optim  # noqa: E402
+from . import data, ops, optim
 
 __version__ = build_info.get("version", "0.0.0")
 
@@ -27,4 +28,4 @@ def cpu_isa() -> str:
     return _C.cpu_isa()
 
 
-__all__ = ["ops", "optim", "cpu_isa", "cmake_prefix_path", "build_info", "__version__"]
+__all__ = ["data", "ops", "optim", "cpu_isa", "cmake_prefix_path", "build_info", "__version__"]

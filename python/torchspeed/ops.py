@@ -28,7 +28,9 @@ def grad_stats(
         per_tensor: also return each tensor's norm.
 
     On CUDA nothing synchronises with the host. Accumulation is in fp32 per lane and float64
-    across chunks; the result is deterministic for a given input and thread count.
+    across chunks. On CPU the result is deterministic for a given input and thread count; on
+    CUDA the per-block partial sums are added with float64 atomics, so the last bits of a norm
+    may differ between runs (the non-finite flag never does).
     """
     tensors = list(tensors)
     if inv_scale is None:

@@ -44,7 +44,7 @@ TEST_CASE("bf16 and fp16 conversions round to nearest even and keep inf/NaN") {
   CHECK(std::isinf(to_float(to_bf16(INFINITY))));
   CHECK(to_fp16(1.0f).bits == 0x3c00);
   CHECK(to_fp16(65504.f).bits == 0x7bff);
-  CHECK(to_fp16(65520.f).bits == 0x7c00);  // rounds to inf
+  CHECK(to_fp16(65520.f).bits == 0x7c00);         // rounds to inf
   CHECK(to_fp16(5.9604645e-08f).bits == 0x0001);  // smallest subnormal
   CHECK(to_float(fp16{0x0001}) == Approx(5.9604645e-08f));
   CHECK(to_float(fp16{0x8400}) == -6.103515625e-05f);
@@ -135,8 +135,8 @@ TEST_CASE("adam kernel matches a double reference of torch's formula on every IS
     s.step_size = float(1e-3 / bc1), s.bias_correction2_sqrt = float(std::sqrt(bc2));
     s.param_decay = float(1 - 1e-3 * 0.01), s.grad_scale = 0.5f, s.decoupled_weight_decay = true;
     std::vector<float> p2 = p, m2 = m, v2 = v;
-    OptimChunk c{p2.data(), DType::kFloat, nullptr, g.data(), DType::kFloat,
-                 m2.data(), v2.data(), nullptr, nullptr, nullptr, n};
+    OptimChunk c{p2.data(), DType::kFloat, nullptr, g.data(), DType::kFloat, m2.data(), v2.data(),
+                 nullptr,   nullptr,       nullptr, n};
     table->adam(c, s, nullptr, nullptr);
     for (int64_t i = 0; i < n; ++i) {
       const double gi = double(g[i]) * 0.5;

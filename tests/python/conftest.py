@@ -27,8 +27,10 @@ def cpu_isa(request, monkeypatch):
     reason (never counted as a pass)."""
     isa = request.param
     if isa not in runnable_isas():
-        pytest.skip(f"CPU ISA {isa} not runnable here (compiled: "
-                    f"{torchspeed._C.cpu_isas_compiled()}, CPU: {torchspeed._C.cpu_isa_detected()})")
+        pytest.skip(
+            f"CPU ISA {isa} not runnable here (compiled: "
+            f"{torchspeed._C.cpu_isas_compiled()}, CPU: {torchspeed._C.cpu_isa_detected()})"
+        )
     monkeypatch.setenv("TORCHSPEED_CPU_ISA", isa)
     assert torchspeed.cpu_isa() == isa
     return isa

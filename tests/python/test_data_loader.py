@@ -13,6 +13,7 @@ torchspeed = pytest.importorskip("torchspeed")
 if not hasattr(torchspeed._C, "data"):
     pytest.skip("torchspeed built without the data loader", allow_module_level=True)
 from data_helpers import Image, assert_matches_pil, make_shards, pil_pipeline, textured  # noqa: E402
+
 from torchspeed.data import DataLoader, DevicePrefetcher, NpySource, TensorSource, WebDataset  # noqa: E402
 
 D = torchspeed._C.data

@@ -85,7 +85,8 @@ def test_grad_stats_opcheck():
     ts = [torch.randn(100), torch.randn(3, 7)]
     torch.library.opcheck(torch.ops.torchspeed.grad_stats.default, (ts, True))
     torch.library.opcheck(
-        torch.ops.torchspeed.grad_stats_unscale_.default, ([t.clone() for t in ts], torch.ones(1) * 0.5, False)
+        torch.ops.torchspeed.grad_stats_unscale_.default,
+        ([t.clone() for t in ts], torch.ones(1) * 0.5, False),
     )
 
 
@@ -99,13 +100,24 @@ def test_grad_stats_meta_shapes():
     "tensors, message",
     [
         ([], "tensors must be a non-empty list"),
-        ([torch.ones(3), torch.ones(3, dtype=torch.int64)], r"tensors\[1\] must be float32, float64, bfloat16 or float16, got Long"),
-        ([torch.ones(3), torch.ones(3).to_sparse()], r"tensors\[1\] must be a dense \(strided\) tensor"),
-        ([torch.ones(3), torch.ones(3, device="meta")], r"tensors\[1\] must be on cpu like tensors\[0\], got meta"),
+        (
+            [torch.ones(3), torch.ones(3, dtype=torch.int64)],
+            r"tensors\[1\] must be float32, float64, bfloat16 or float16, got Long",
+        ),
+        (
+            [torch.ones(3), torch.ones(3).to_sparse()],
+            r"tensors\[1\] must be a dense \(strided\) tensor",
+        ),
+        (
+            [torch.ones(3), torch.ones(3, device="meta")],
+            r"tensors\[1\] must be on cpu like tensors\[0\], got meta",
+        ),
     ],
 )
 def test_grad_stats_bad_input_changes_nothing(tensors, message):
-    snapshot = [t.clone() if t.device.type == "cpu" and t.layout == torch.strided else None for t in tensors]
+    snapshot = [
+        t.clone() if t.device.type == "cpu" and t.layout == torch.strided else None for t in tensors
+    ]
     with pytest.raises(RuntimeError, match=message):
         grad_stats(tensors, inv_scale=torch.full((1,), 0.5))
     for t, s in zip(tensors, snapshot):
@@ -115,11 +127,16 @@ def test_grad_stats_bad_input_changes_nothing(tensors, message):
 
 def test_bad_inv_scale_and_bad_isa(monkeypatch):
     t = torch.ones(4)
-    with pytest.raises(RuntimeError, match="inv_scale must be a one-element float32 tensor, got Double"):
+    with pytest.raises(
+        RuntimeError, match="inv_scale must be a one-element float32 tensor, got Double"
+    ):
         grad_stats([t], inv_scale=torch.ones(1, dtype=torch.float64))
     assert torch.equal(t, torch.ones(4))
     monkeypatch.setenv("TORCHSPEED_CPU_ISA", "sse9")
-    with pytest.raises(RuntimeError, match="TORCHSPEED_CPU_ISA must be one of auto, scalar, avx2, avx512, got 'sse9'"):
+    with pytest.raises(
+        RuntimeError,
+        match="TORCHSPEED_CPU_ISA must be one of auto, scalar, avx2, avx512, got 'sse9'",
+    ):
         grad_stats([t])
 
 

@@ -34,7 +34,11 @@ def run_pair(ref_opt, our_opt, ref_params, our_params, steps=100, seed=1, skip_g
         our_opt.step()
 
 
-ADAM_CASES = list(itertools.product([False, True], [False, True], [(0.0, False), (0.1, False), (0.1, True)], [False, True]))
+ADAM_CASES = list(
+    itertools.product(
+        [False, True], [False, True], [(0.0, False), (0.1, False), (0.1, True)], [False, True]
+    )
+)
 
 
 @pytest.mark.parametrize("amsgrad, maximize, decay, tensor_lr", ADAM_CASES)
@@ -60,8 +64,14 @@ def test_adam_matches_torch_for_loop(cpu_isa, amsgrad, maximize, decay, tensor_l
 
 def test_adamw_param_groups_and_add_param_group(cpu_isa):
     ref, ours = make_params(), make_params()
-    ref_opt = torch.optim.AdamW([{"params": ref[:2]}, {"params": ref[2:3], "lr": 3e-3, "betas": (0.8, 0.99)}], lr=1e-2, foreach=False)
-    our_opt = torchspeed.optim.AdamW([{"params": ours[:2]}, {"params": ours[2:3], "lr": 3e-3, "betas": (0.8, 0.99)}], lr=1e-2)
+    ref_opt = torch.optim.AdamW(
+        [{"params": ref[:2]}, {"params": ref[2:3], "lr": 3e-3, "betas": (0.8, 0.99)}],
+        lr=1e-2,
+        foreach=False,
+    )
+    our_opt = torchspeed.optim.AdamW(
+        [{"params": ours[:2]}, {"params": ours[2:3], "lr": 3e-3, "betas": (0.8, 0.99)}], lr=1e-2
+    )
     run_pair(ref_opt, our_opt, ref[:3], ours[:3], steps=30)
     ref_opt.add_param_group({"params": ref[3:], "weight_decay": 0.3})
     our_opt.add_param_group({"params": ours[3:], "weight_decay": 0.3})
@@ -70,20 +80,36 @@ def test_adamw_param_groups_and_add_param_group(cpu_isa):
         assert_close(b, a, **FP32)
 
 
-@pytest.mark.parametrize("momentum, dampening, nesterov, wd, maximize", [
-    (0.0, 0.0, False, 0.0, False), (0.9, 0.0, False, 0.0, False), (0.9, 0.1, False, 1e-2, True),
-    (0.9, 0.0, True, 1e-2, False), (0.5, 0.0, True, 0.0, True),
-])
+@pytest.mark.parametrize(
+    "momentum, dampening, nesterov, wd, maximize",
+    [
+        (0.0, 0.0, False, 0.0, False),
+        (0.9, 0.0, False, 0.0, False),
+        (0.9, 0.1, False, 1e-2, True),
+        (0.9, 0.0, True, 1e-2, False),
+        (0.5, 0.0, True, 0.0, True),
+    ],
+)
 def test_sgd_matches_torch_for_loop(cpu_isa, momentum, dampening, nesterov, wd, maximize):
     ref, ours = make_params(), make_params()
-    kw = dict(lr=1e-2, momentum=momentum, dampening=dampening, nesterov=nesterov, weight_decay=wd, maximize=maximize)
+    kw = dict(
+        lr=1e-2,
+        momentum=momentum,
+        dampening=dampening,
+        nesterov=nesterov,
+        weight_decay=wd,
+        maximize=maximize,
+    )
     ref_opt = torch.optim.SGD(ref, foreach=False, **kw)
     our_opt = torchspeed.optim.SGD(ours, **kw)
     run_pair(ref_opt, our_opt, ref, ours, skip_grad=(1,))
     for a, b in zip(ref, ours):
         assert_close(b, a, **FP32)
         if momentum:
-            ra, rb = ref_opt.state[a].get("momentum_buffer"), our_opt.state[b].get("momentum_buffer")
+            ra, rb = (
+                ref_opt.state[a].get("momentum_buffer"),
+                our_opt.state[b].get("momentum_buffer"),
+            )
             assert (ra is None) == (rb is None)
             if ra is not None:
                 assert_close(rb, ra, **FP32)
@@ -131,7 +157,10 @@ def _amp_case(inject, opt_cls_ref, opt_cls_ours, **kw):
     g = torch.Generator().manual_seed(3)
     for step in range(12):
         x = torch.randn(8, 20, generator=g)
-        for model, opt, scaler in ((ref_model, ref_opt, ref_scaler), (our_model, our_opt, our_scaler)):
+        for model, opt, scaler in (
+            (ref_model, ref_opt, ref_scaler),
+            (our_model, our_opt, our_scaler),
+        ):
             opt.zero_grad(set_to_none=True)
             loss = model(x).pow(2).mean()
             scaler.scale(loss).backward()
@@ -145,7 +174,9 @@ def _amp_case(inject, opt_cls_ref, opt_cls_ours, **kw):
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_grad_scaler_skips_like_torch(cpu_isa, bad):
-    ref_model, our_model, ref_opt, our_opt = _amp_case({0: bad, 4: bad, 5: bad}, torch.optim.AdamW, torchspeed.optim.AdamW, lr=1e-2)
+    ref_model, our_model, ref_opt, our_opt = _amp_case(
+        {0: bad, 4: bad, 5: bad}, torch.optim.AdamW, torchspeed.optim.AdamW, lr=1e-2
+    )
     for a, b in zip(ref_model.parameters(), our_model.parameters()):
         assert_close(b, a, **FP32)
         assert our_opt.state[b]["step"].item() == ref_opt.state[a]["step"].item() == 9
@@ -153,7 +184,9 @@ def test_grad_scaler_skips_like_torch(cpu_isa, bad):
 
 
 def test_grad_scaler_sgd(cpu_isa):
-    ref_model, our_model, _, _ = _amp_case({2: float("inf")}, torch.optim.SGD, torchspeed.optim.SGD, lr=1e-2, momentum=0.9)
+    ref_model, our_model, _, _ = _amp_case(
+        {2: float("inf")}, torch.optim.SGD, torchspeed.optim.SGD, lr=1e-2, momentum=0.9
+    )
     for a, b in zip(ref_model.parameters(), our_model.parameters()):
         assert_close(b, a, **FP32)
 
@@ -205,7 +238,12 @@ def test_state_dict_keeps_fp32_master_and_moments():
         assert torch.equal(opt2.state[q][key], opt.state[p][key])
     # A torch.optim state_dict has no masters: they are rebuilt from the params.
     ref = torch.optim.AdamW([p.detach().clone()], lr=1e-2)
-    ref.load_state_dict({"state": {0: {k: v for k, v in sd["state"][0].items() if k != "master"}}, "param_groups": sd["param_groups"]})
+    ref.load_state_dict(
+        {
+            "state": {0: {k: v for k, v in sd["state"][0].items() if k != "master"}},
+            "param_groups": sd["param_groups"],
+        }
+    )
     opt3 = torchspeed.optim.AdamW([q], lr=1e-2)
     opt3.load_state_dict(ref.state_dict())
     q.grad = torch.randn(300).to(torch.bfloat16)
@@ -245,7 +283,12 @@ def test_lion_and_lamb_match_float64_reference(cpu_isa):
     grads = [torch.randn(5000, generator=g) for _ in range(30)]
     for cls, ref_fn, kw, tol in (
         (torchspeed.optim.Lion, lion_reference, dict(lr=1e-3, betas=(0.9, 0.99), wd=0.1), 1e-5),
-        (torchspeed.optim.LAMB, lamb_reference, dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-6, wd=0.01), 2e-5),
+        (
+            torchspeed.optim.LAMB,
+            lamb_reference,
+            dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-6, wd=0.01),
+            2e-5,
+        ),
     ):
         p = p0.clone()
         args = {k if k != "wd" else "weight_decay": v for k, v in kw.items()}
@@ -254,6 +297,29 @@ def test_lion_and_lamb_match_float64_reference(cpu_isa):
             p.grad = grad.clone()
             opt.step()
         assert_close(p.double(), ref_fn(p0, grads, **kw), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_adamw_threaded_path_matches_torch(cpu_isa, threads):
+    # Enough elements for the parallel path (> 32K), a tensor split into several 64K chunks and
+    # many small ones, so the element-balanced split across threads is exercised.
+    shapes = [(200_001,), (300, 257)] + [(int(n),) for n in range(5, 3000, 97)]
+    ref_params = [torch.randn(s, generator=torch.Generator().manual_seed(7)) for s in shapes]
+    our_params = [p.clone() for p in ref_params]
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        run_pair(
+            torch.optim.AdamW(ref_params, lr=0.01, foreach=False),
+            torchspeed.optim.AdamW(our_params, lr=0.01),
+            ref_params,
+            our_params,
+            steps=20,
+        )
+    finally:
+        torch.set_num_threads(old)
+    for a, b in zip(ref_params, our_params):
+        assert_close(b, a, **FP32)
 
 
 def test_mask_and_ema_inside_the_step():
@@ -272,12 +338,36 @@ def test_mask_and_ema_inside_the_step():
     assert torch.all(p[mask == 0] == 0)
 
 
-@pytest.mark.parametrize("case, message", [
-    ("sparse", "sparse gradients are not supported"),
-    ("devices", r"params\[1\] must be on cpu like params\[0\], got meta"),
-    ("integer", "must be float32, bfloat16 or float16, got Long"),
-    ("float64", "must be float32, bfloat16 or float16, got Double"),
-])
+def test_mask_on_some_params_only():
+    # One masked param beside unmasked ones in the same bucket: the others update as without masks.
+    torch.manual_seed(0)
+    a, b = torch.randn(300), torch.randn(40)
+    ref_a, ref_b = a.clone(), b.clone()
+    opt = torchspeed.optim.AdamW([a, b], lr=0.01)
+    ref = torch.optim.AdamW([ref_a, ref_b], lr=0.01, foreach=False)
+    mask = (torch.rand(300) > 0.3).float()
+    opt.set_mask(a, mask)
+    for _ in range(10):
+        ga, gb = torch.randn(300), torch.randn(40)
+        a.grad, b.grad, ref_a.grad, ref_b.grad = ga, gb, ga.clone(), gb.clone()
+        opt.step()
+        ref.step()
+        with torch.no_grad():
+            ref_a.mul_(mask)
+        assert_close(b, ref_b, rtol=1e-6, atol=1e-6)
+    assert torch.all(a[mask == 0] == 0)
+    assert_close(a[mask == 1], ref_a[mask == 1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("sparse", "sparse gradients are not supported"),
+        ("devices", r"params\[1\] must be on cpu like params\[0\], got meta"),
+        ("integer", "must be float32, bfloat16 or float16, got Long"),
+        ("float64", "must be float32, bfloat16 or float16, got Double"),
+    ],
+)
 def test_bad_input_raises_before_modifying(case, message):
     a = torch.randn(10)
     b = torch.randn(10)
@@ -315,7 +405,9 @@ def test_mismatched_state_shape_on_load_is_rejected():
     opt2 = torchspeed.optim.AdamW([q])
     opt2.load_state_dict(sd)
     before = q.clone()
-    with pytest.raises(RuntimeError, match=r"exp_avgs\[0\] must have 10 elements like params\[0\], got 7"):
+    with pytest.raises(
+        RuntimeError, match=r"exp_avgs\[0\] must have 10 elements like params\[0\], got 7"
+    ):
         opt2.step()
     assert torch.equal(q, before)
 
@@ -331,8 +423,25 @@ def test_constructor_errors_and_torch_flags():
 
 def test_optim_ops_opcheck():
     ps = [torch.randn(10), torch.randn(3, 4)]
-    args = (ps, [torch.randn_like(p) for p in ps], [torch.zeros_like(p) for p in ps],
-            [torch.zeros_like(p) for p in ps], [], [], [torch.zeros(()) for _ in ps], [], [])
-    kwargs = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, amsgrad=False,
-                  maximize=False, decoupled_weight_decay=True)
+    args = (
+        ps,
+        [torch.randn_like(p) for p in ps],
+        [torch.zeros_like(p) for p in ps],
+        [torch.zeros_like(p) for p in ps],
+        [],
+        [],
+        [torch.zeros(()) for _ in ps],
+        [],
+        [],
+    )
+    kwargs = dict(
+        lr=1e-3,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        weight_decay=0.01,
+        amsgrad=False,
+        maximize=False,
+        decoupled_weight_decay=True,
+    )
     torch.library.opcheck(torch.ops.torchspeed.adam_step_.default, args, kwargs)

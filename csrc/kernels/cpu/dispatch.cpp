@@ -112,8 +112,9 @@ const CpuKernelTable& cpu_kernels() {
   }
   const CpuKernelTable* table = table_for(wanted);
   if (table == nullptr) {
-    throw std::runtime_error(std::string("torchspeed: TORCHSPEED_CPU_ISA=") + env +
-                             " but this build has no kernels for it (compiler or platform lacks it)");
+    throw std::runtime_error(
+        std::string("torchspeed: TORCHSPEED_CPU_ISA=") + env +
+        " but this build has no kernels for it (compiler or platform lacks it)");
   }
   return *table;
 }

@@ -66,8 +66,7 @@ void grad_stats_range(T* data, int64_t n, const float* inv_scale, GradStatsParti
 
 /// The table entry: picks the storage type. Doubles run one lane at a time in every ISA.
 template <class V>
-void grad_stats(DType dtype, void* data, int64_t n, const float* inv_scale,
-                GradStatsPartial* out) {
+void grad_stats(DType dtype, void* data, int64_t n, const float* inv_scale, GradStatsPartial* out) {
   switch (dtype) {
     case DType::kFloat:
       return grad_stats_range<V>(static_cast<float*>(data), n, inv_scale, out);

@@ -184,13 +184,13 @@ void dispatch_storage(const OptimChunk& c, const OptimScalars& s, Extra... extra
   }
 }
 
-#define TORCHSPEED_OPTIM_RANGE(NAME, FN)                                     \
-  template <class V, typename P, typename G>                                 \
-  struct NAME {                                                              \
-    template <typename... A>                                                 \
+#define TORCHSPEED_OPTIM_RANGE(NAME, FN)                                      \
+  template <class V, typename P, typename G>                                  \
+  struct NAME {                                                               \
+    template <typename... A>                                                  \
     static void run(const OptimChunk& c, const OptimScalars& s, A... extra) { \
-      FN<V, P, G>(c, s, extra...);                                           \
-    }                                                                        \
+      FN<V, P, G>(c, s, extra...);                                            \
+    }                                                                         \
   };
 TORCHSPEED_OPTIM_RANGE(AdamRange, adam_range)
 TORCHSPEED_OPTIM_RANGE(SgdRange, sgd_range)

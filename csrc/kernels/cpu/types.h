@@ -44,9 +44,9 @@ struct OptimChunk {
   float* master;
   const void* grad;
   DType grad_dtype;
-  float* state0;  // Adam/LAMB: exp_avg; SGD: momentum_buffer; Lion: exp_avg
-  float* state1;  // Adam/LAMB: exp_avg_sq
-  float* state2;  // Adam: max_exp_avg_sq (amsgrad)
+  float* state0;      // Adam/LAMB: exp_avg; SGD: momentum_buffer; Lion: exp_avg
+  float* state1;      // Adam/LAMB: exp_avg_sq
+  float* state2;      // Adam: max_exp_avg_sq (amsgrad)
   const float* mask;  // pruning mask: updates (and the param) are zeroed where mask == 0
   float* ema;         // EMA copy of the (master) param, updated after the step
   int64_t n;

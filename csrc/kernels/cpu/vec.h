@@ -65,7 +65,7 @@ inline fp16 to_fp16(float f) {
   const uint32_t u = float_to_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return fp16{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+  if (abs > 0x7f800000u) return fp16{static_cast<uint16_t>(sign | 0x7e00u)};   // NaN
   if (abs >= 0x477ff000u) return fp16{static_cast<uint16_t>(sign | 0x7c00u)};  // overflow -> inf
   if (abs < 0x38800000u) {
     // Result is a half subnormal (or zero): scale so the mantissa lands in the low bits and let
@@ -130,9 +130,7 @@ struct ScalarVec {
   /// max that returns `a` when either is NaN is not needed; ties and NaN follow std::fmax.
   friend ScalarVec max(ScalarVec a, ScalarVec b) { return ScalarVec(a.v > b.v ? a.v : b.v); }
   /// +1, -1 or 0 (sign(0) = 0, as torch.sign).
-  friend ScalarVec sign(ScalarVec a) {
-    return ScalarVec(static_cast<F>((a.v > 0) - (a.v < 0)));
-  }
+  friend ScalarVec sign(ScalarVec a) { return ScalarVec(static_cast<F>((a.v > 0) - (a.v < 0))); }
   /// Keep `a` where mask_src != 0, else 0 (pruning masks): the mask is a {0,1} value.
   friend ScalarVec select_nonzero(ScalarVec mask_src, ScalarVec a) {
     return ScalarVec(mask_src.v != F(0) ? a.v : F(0));

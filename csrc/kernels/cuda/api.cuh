@@ -66,8 +66,8 @@ struct OptimTensor {
 /// computed in double on the host; values the kernel combines with the device step or the device
 /// lr stay double.
 struct OptimHyper {
-  double lr;            // used when lr_tensor is null
-  double beta1;         // for 1 - beta1^step, in double as torch.optim does
+  double lr;     // used when lr_tensor is null
+  double beta1;  // for 1 - beta1^step, in double as torch.optim does
   double beta2;
   float weight_decay;
   float beta2_f;
@@ -90,10 +90,10 @@ struct OptimHyper {
 };
 
 /// One fused step over all `count` params of a group: increments the steps on the device (unless
-/// *found_inf != 0), then runs the update, one launch per 24 tensors / 320 chunks of 64K elements
-/// and per (param dtype, grad dtype) pair present. LAMB runs phase 1 (moments + norms) over all
-/// tensors, then phase 2 (trust-ratio update); `lamb_workspace` is 2 * count doubles of device
-/// memory (zeroed here), null for the other algorithms.
+/// *found_inf != 0), then runs the update: one launch per 24 tensors / 320 chunks of 64K elements
+/// (4 blocks per chunk) and per (param dtype, grad dtype) pair present. LAMB runs phase 1 (moments
+/// + norms) over all tensors, then phase 2 (trust-ratio update); `lamb_workspace` is 2 * count
+/// doubles of device memory (zeroed here), null for the other algorithms.
 cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count,
                        const OptimHyper& hyper, double* lamb_workspace, cudaStream_t stream);
 

@@ -22,19 +22,19 @@ using GradStatsMeta = MtaMeta<1, 96, 320>;
 static_assert(sizeof(GradStatsMeta) + sizeof(GradStatsParams) <= kMaxKernelArgBytes,
               "grad_stats kernel arguments exceed the 4 KB parameter limit");
 
-/// One block per 64K-element chunk. fp32 (fp64 for double tensors) per-thread sums of at most
-/// 128 squares, a block sum in fp64, one atomicAdd per block into the tensor's fp64 slot.
+/// kMtaSplit blocks per 64K-element chunk. fp32 (fp64 for double tensors) per-thread sums of at
+/// most 32 squares, a block sum in fp64, one atomicAdd per block into the tensor's fp64 slot.
 template <typename T>
 __global__ void __launch_bounds__(kMtaBlockSize)
     grad_stats_kernel(const __grid_constant__ GradStatsMeta meta, const GradStatsParams p) {
   using A = acc_t<T>;
-  const int slot = meta.block_tensor[blockIdx.x];
+  const int slot = meta.block_tensor[mta_meta_block()];
   T* data = static_cast<T*>(meta.ptr[0][slot]);
   const bool unscale = p.inv_scale != nullptr;
   const A scale = unscale ? static_cast<A>(*p.inv_scale) : A(1);
   A acc = A(0);
   bool nonfinite = false;
-  mta_for_each_quad(meta.numel[slot], meta.block_chunk[blockIdx.x], mta_aligned(data),
+  mta_for_each_quad(meta.numel[slot], meta.block_chunk[mta_meta_block()], mta_aligned(data),
                     [&](auto vec, int64_t i, int valid) {
                       constexpr bool kVec = decltype(vec)::value;
                       A x[kMtaIlp];
@@ -76,7 +76,7 @@ cudaError_t launch_grad_stats(const std::vector<MtaTensor<1>>& list, const GradS
                               cudaStream_t stream) {
   return mta_for_each_launch<GradStatsMeta>(
       list.data(), list.size(), [&](const GradStatsMeta& meta, int blocks) {
-        grad_stats_kernel<T><<<blocks, kMtaBlockSize, 0, stream>>>(meta, p);
+        grad_stats_kernel<T><<<blocks * kMtaSplit, kMtaBlockSize, 0, stream>>>(meta, p);
         return cudaGetLastError();
       });
 }
@@ -86,8 +86,8 @@ cudaError_t launch_grad_stats(const std::vector<MtaTensor<1>>& list, const GradS
 cudaError_t grad_stats(const GradStatsTensor* tensors, int64_t count, const float* inv_scale,
                        double* workspace, float* total_norm, float* per_tensor_norms,
                        float* found_inf, cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(workspace, 0, sizeof(double) * static_cast<size_t>(count),
-                                    stream);
+  cudaError_t err =
+      cudaMemsetAsync(workspace, 0, sizeof(double) * static_cast<size_t>(count), stream);
   if (err == cudaSuccess) err = cudaMemsetAsync(found_inf, 0, sizeof(float), stream);
   if (err != cudaSuccess) return err;
   const GradStatsParams params{inv_scale, workspace, found_inf};
@@ -119,7 +119,7 @@ cudaError_t grad_stats(const GradStatsTensor* tensors, int64_t count, const floa
     if (err != cudaSuccess) return err;
   }
   grad_stats_finalize_kernel<<<1, 1024, 0, stream>>>(workspace, count, total_norm,
-                                                       per_tensor_norms);
+                                                     per_tensor_norms);
   return cudaGetLastError();
 }
 

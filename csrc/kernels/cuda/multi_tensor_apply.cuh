@@ -1,5 +1,5 @@
-// Multi-tensor apply: cuts lists of tensors into 64K-element chunks and launches one block per
-// chunk, with the (pointers, sizes, block -> chunk) metadata passed by value as the kernel
+// Multi-tensor apply: cuts lists of tensors into 64K-element chunks and launches kMtaSplit blocks
+// per chunk, with the (pointers, sizes, block -> chunk) metadata passed by value as the kernel
 // argument, so a launch needs no host->device copy and nothing waits for the device.
 //
 // Host side (see README.md for a full example):
@@ -7,12 +7,12 @@
 //   using Meta = MtaMeta<2, 64, 320>;                // depth, tensors and blocks per launch
 //   cudaError_t e = mta_for_each_launch<Meta>(list.data(), list.size(),
 //       [&](const Meta& meta, int blocks) {
-//         my_kernel<<<blocks, kMtaBlockSize, 0, stream>>>(meta, params);
+//         my_kernel<<<blocks * kMtaSplit, kMtaBlockSize, 0, stream>>>(meta, params);
 //         return cudaGetLastError();
 //       });
 // Device side:
-//   const int slot = meta.block_tensor[blockIdx.x];
-//   mta_for_each_quad(meta.numel[slot], meta.block_chunk[blockIdx.x], aligned,
+//   const int slot = meta.block_tensor[mta_meta_block()];
+//   mta_for_each_quad(meta.numel[slot], meta.block_chunk[mta_meta_block()], aligned,
 //                     [&](auto vec, int64_t i, int valid) { ... elements [i, i + valid) ... });
 #pragma once
 
@@ -24,13 +24,18 @@
 
 namespace torchspeed::kernels::cuda {
 
-constexpr int kMtaBlockSize = 512;        // threads per block
-constexpr int kMtaIlp = 4;                // elements per thread per iteration (one 16-byte fp32 load)
+constexpr int kMtaBlockSize = 512;  // threads per block
+constexpr int kMtaIlp = 4;          // elements per thread per iteration (one 16-byte fp32 load)
 constexpr int64_t kMtaChunkSize = 65536;  // elements per block; a multiple of kMtaIlp
 /// Kernel parameters are limited to 4 KB on every driver; keep metadata + op parameters under it.
 constexpr size_t kMaxKernelArgBytes = 4096;
 
-static_assert(kMtaChunkSize % kMtaIlp == 0, "chunks must start on a vector boundary");
+/// CUDA blocks per metadata chunk: launch `blocks * kMtaSplit` blocks. The metadata limits a launch
+/// to a few hundred chunks, fewer blocks than an H100/H200 holds at once (132 SMs x 2-4 blocks of
+/// 512 threads); splitting each chunk keeps a launch at several waves, so its tail costs little.
+constexpr int kMtaSplit = 4;
+constexpr int64_t kMtaPartSize = kMtaChunkSize / kMtaSplit;
+static_assert(kMtaChunkSize % (kMtaIlp * kMtaSplit) == 0, "parts must start on a vector boundary");
 
 /// Host-side description of one tensor: one pointer per list (null when the list is absent),
 /// its element count and its position in the op's argument lists (per-tensor outputs, steps).
@@ -63,7 +68,7 @@ struct MtaMeta {
 template <class Meta, int kDepth, class Launch>
 cudaError_t mta_for_each_launch(const MtaTensor<kDepth>* tensors, size_t count, Launch&& launch) {
   static_assert(Meta::kListDepth == kDepth, "metadata depth must match the tensor lists");
-  Meta meta;
+  Meta meta{};  // value-initialised: unused slots travel as zeros, not as stack garbage
   int slot = 0;
   int blocks = 0;
   auto place = [&](const MtaTensor<kDepth>& t, int s) {
@@ -103,15 +108,21 @@ cudaError_t mta_for_each_launch(const MtaTensor<kDepth>* tensors, size_t count, 
 
 #if defined(__CUDACC__)
 
+/// The metadata block (chunk) this CUDA block works on, and which of its kMtaSplit parts.
+__device__ __forceinline__ int mta_meta_block() { return static_cast<int>(blockIdx.x) / kMtaSplit; }
+__device__ __forceinline__ int mta_part() { return static_cast<int>(blockIdx.x) % kMtaSplit; }
+
 /// Calls body(std::integral_constant<bool, vec>, i, valid) for this thread's groups of kMtaIlp
-/// consecutive elements [i, i + valid) of one chunk, int64 indices throughout. vec == true: the
-/// group is full and the caller's pointers are aligned, so it may use one vector load per list;
-/// vec == false: guarded element-wise access (valid in 1..4).
+/// consecutive elements [i, i + valid) of this block's part of one chunk, int64 indices
+/// throughout. vec == true: the group is full and the caller's pointers are aligned, so it may use
+/// one vector load per list; vec == false: guarded element-wise access (valid in 1..4). A part
+/// past the end of the tensor runs no iteration (the block still takes part in reductions).
 template <class Body>
 __device__ __forceinline__ void mta_for_each_quad(int64_t numel, int32_t chunk, bool aligned,
                                                   Body&& body) {
-  const int64_t begin = static_cast<int64_t>(chunk) * kMtaChunkSize;
-  const int64_t end = begin + kMtaChunkSize < numel ? begin + kMtaChunkSize : numel;
+  const int64_t begin =
+      static_cast<int64_t>(chunk) * kMtaChunkSize + static_cast<int64_t>(mta_part()) * kMtaPartSize;
+  const int64_t end = begin + kMtaPartSize < numel ? begin + kMtaPartSize : numel;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kMtaIlp;
   for (int64_t i = begin + static_cast<int64_t>(threadIdx.x) * kMtaIlp; i < end; i += stride) {
     const int valid = end - i < kMtaIlp ? static_cast<int>(end - i) : kMtaIlp;

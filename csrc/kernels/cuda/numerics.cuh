@@ -1,7 +1,6 @@
 // Device-side element access for the CUDA kernels: loads of kMtaIlp elements of any storage type
 // into fp32/fp64 registers (one vector load when aligned, guarded scalars otherwise) and rounded
-// stores back, plus the IEEE-exact arithmetic helpers that keep the CUDA math identical to the
-// CPU kernel templates (no contraction of a * b + c into an fma unless the CPU also fuses it).
+// stores back. (The IEEE-exact arithmetic of the optimizers is in optim_math.cuh.)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -118,21 +117,6 @@ __device__ __forceinline__ void store_quad(T* p, int64_t i, int valid, const A (
       if (k < valid) p[i + k] = from_acc<T>(static_cast<float>(r[k]));
     }
   }
-}
-
-// ---- IEEE-exact fp32 arithmetic (never contracted), mirroring kernels/cpu/vec.h -----------------
-
-__device__ __forceinline__ float f_add(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ float f_sub(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ float f_mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float f_div(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ float f_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
-__device__ __forceinline__ float f_sqrt(float a) { return __fsqrt_rn(a); }
-/// a > b ? a : b (as the CPU's max, including which operand a NaN yields).
-__device__ __forceinline__ float max_gt(float a, float b) { return a > b ? a : b; }
-/// +1, -1 or 0 (sign(0) = sign(NaN) = 0, as the CPU kernels).
-__device__ __forceinline__ float f_sign(float a) {
-  return static_cast<float>((a > 0.f) - (a < 0.f));
 }
 
 }  // namespace torchspeed::kernels::cuda

@@ -16,12 +16,24 @@
 #include "kernels/cuda/api.cuh"
 #include "kernels/cuda/multi_tensor_apply.cuh"
 #include "kernels/cuda/numerics.cuh"
+#include "kernels/cuda/optim_math.cuh"
 
 namespace torchspeed::kernels::cuda {
 namespace {
 
 // Metadata lists (one pointer per tensor each).
-enum List : int { kParam = 0, kGrad, kMaster, kState0, kState1, kState2, kMask, kEma, kStep, kDepth };
+enum List : int {
+  kParam = 0,
+  kGrad,
+  kMaster,
+  kState0,
+  kState1,
+  kState2,
+  kMask,
+  kEma,
+  kStep,
+  kDepth
+};
 
 using OptimMeta = MtaMeta<kDepth, 24, 320>;
 
@@ -34,67 +46,17 @@ static_assert(sizeof(OptimMeta) + sizeof(OptimParams) <= kMaxKernelArgBytes,
 
 enum class Kernel : int { kAdam, kSgd, kLion, kLambPhase1, kLambPhase2 };
 
-/// Per-block scalars, as OptimScalars on the CPU.
-struct BlockScalars {
-  float lr;
-  float grad_scale;  // AMP 1/scale times the clip coefficient
-  float param_decay;
-  float step_size;
-  float bias_correction1;
-  float bias_correction2;
-  float bias_correction2_sqrt;
-};
-
-/// Thread 0 of a block: derives the scalars from the device lr, scale, clip and step exactly as
-/// run_step() in ops/cpu/optim_cpu.cpp does on the host (double math, one rounding to float).
-template <Kernel kKernel>
-__device__ BlockScalars block_scalars(const OptimParams& prm, const float* step, int32_t index) {
-  const OptimHyper& h = prm.h;
-  BlockScalars s;
-  const double lr = h.lr_tensor ? static_cast<double>(*h.lr_tensor) : h.lr;
-  const float scale = h.grad_scale ? *h.grad_scale : 1.f;
-  const float inv_scale = static_cast<float>(__ddiv_rn(1.0, static_cast<double>(scale)));
-  s.grad_scale = __fmul_rn(inv_scale, h.clip_coef ? *h.clip_coef : 1.f);
-  s.lr = static_cast<float>(lr);
-  s.param_decay =
-      static_cast<float>(__dsub_rn(1.0, __dmul_rn(lr, static_cast<double>(h.weight_decay))));
-  s.step_size = 0.f;
-  s.bias_correction1 = s.bias_correction2 = s.bias_correction2_sqrt = 1.f;
-  if (step != nullptr) {
-    const double t = static_cast<double>(*step);  // already incremented by step_increment_kernel
-    const double bc1 = __dsub_rn(1.0, ::pow(h.beta1, t));
-    const double bc2 = __dsub_rn(1.0, ::pow(h.beta2, t));
-    s.bias_correction1 = static_cast<float>(bc1);
-    s.bias_correction2 = static_cast<float>(bc2);
-    s.bias_correction2_sqrt = static_cast<float>(__dsqrt_rn(bc2));
-    s.step_size = static_cast<float>(__ddiv_rn(lr, bc1));
-  }
-  if constexpr (kKernel == Kernel::kLambPhase2) {
-    const double w = __dsqrt_rn(prm.lamb_sumsq[2 * static_cast<int64_t>(index)]);
-    const double u = __dsqrt_rn(prm.lamb_sumsq[2 * static_cast<int64_t>(index) + 1]);
-    const double trust = (w > 0 && u > 0) ? __ddiv_rn(w, u) : 1.0;
-    s.step_size = static_cast<float>(__dmul_rn(lr, trust));
-  }
-  return s;
-}
-
-/// LAMB's raw update from the updated moments (lamb_update in kernels/cpu/optim.h).
-__device__ __forceinline__ float lamb_update(const OptimHyper& h, const BlockScalars& s, float m,
-                                             float v, float p) {
-  const float m_hat = f_div(m, s.bias_correction1);
-  const float v_hat = f_div(v, s.bias_correction2);
-  return f_fma(h.weight_decay, p, f_div(m_hat, f_add(f_sqrt(v_hat), h.eps)));
-}
-
-/// One block = one chunk of one param. P: param storage, G: grad storage.
+/// One block = one part of one chunk of one param. P: param storage, G: grad storage. The math per
+/// element is in optim_math.cuh (shared with the host build that checks it against the CPU
+/// kernels).
 template <Kernel kKernel, typename P, typename G>
 __global__ void __launch_bounds__(kMtaBlockSize)
-    optim_kernel(const __grid_constant__ OptimMeta meta, const OptimParams prm) {
+    optim_kernel(const __grid_constant__ OptimMeta meta, const __grid_constant__ OptimParams prm) {
   const OptimHyper& h = prm.h;
   // AMP: a step whose grads held inf/NaN writes nothing (uniform across the grid).
   if (h.found_inf != nullptr && *h.found_inf != 0.f) return;
 
-  const int slot = meta.block_tensor[blockIdx.x];
+  const int slot = meta.block_tensor[mta_meta_block()];
   P* const param = static_cast<P*>(meta.ptr[kParam][slot]);
   const G* const grad = static_cast<const G*>(meta.ptr[kGrad][slot]);
   float* const master = static_cast<float*>(meta.ptr[kMaster][slot]);
@@ -105,8 +67,17 @@ __global__ void __launch_bounds__(kMtaBlockSize)
   float* const ema = static_cast<float*>(meta.ptr[kEma][slot]);
   const float* const step = static_cast<const float*>(meta.ptr[kStep][slot]);
 
+  // Thread 0 derives the tensor's scalars from the device lr, scale, clip and step.
   __shared__ BlockScalars shared_scalars;
-  if (threadIdx.x == 0) shared_scalars = block_scalars<kKernel>(prm, step, meta.index[slot]);
+  if (threadIdx.x == 0) {
+    const int64_t index = meta.index[slot];
+    constexpr bool kPhase2 = kKernel == Kernel::kLambPhase2;
+    shared_scalars = block_scalars(
+        h, h.lr_tensor ? static_cast<double>(*h.lr_tensor) : h.lr,
+        h.grad_scale ? *h.grad_scale : 1.f, h.clip_coef ? *h.clip_coef : 1.f, step != nullptr,
+        step ? *step : 0.f, kPhase2, kPhase2 ? prm.lamb_sumsq[2 * index] : 0.0,
+        kPhase2 ? prm.lamb_sumsq[2 * index + 1] : 0.0);
+  }
   __syncthreads();
   const BlockScalars s = shared_scalars;
 
@@ -115,132 +86,90 @@ __global__ void __launch_bounds__(kMtaBlockSize)
                        mta_aligned(mask) && mta_aligned(ema);
   float p_acc = 0.f, u_acc = 0.f;  // LAMB phase 1: ||p||^2, ||u||^2 of this thread
 
-  mta_for_each_quad(meta.numel[slot], meta.block_chunk[blockIdx.x], aligned, [&](auto vec,
-                                                                                 int64_t i,
-                                                                                 int valid) {
-    constexpr bool kVec = decltype(vec)::value;
-    constexpr int N = kMtaIlp;
-    // load_grad: scaled (AMP unscale x clip) and negated for maximize.
-    float g[N];
-    if constexpr (kKernel != Kernel::kLambPhase2) {
-      load_quad<kVec>(grad, i, valid, g);
+  mta_for_each_quad(
+      meta.numel[slot], meta.block_chunk[mta_meta_block()], aligned,
+      [&](auto vec, int64_t i, int valid) {
+        constexpr bool kVec = decltype(vec)::value;
+        constexpr int N = kMtaIlp;
+        float g[N];
+        if constexpr (kKernel != Kernel::kLambPhase2) {
+          load_quad<kVec>(grad, i, valid, g);
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        if (s.grad_scale != 1.f) g[k] = f_mul(g[k], s.grad_scale);
-        if (h.maximize) g[k] = -g[k];
-      }
-    } else {
-      (void)g;  // phase 2 recomputes the update from the moments alone
-    }
-    // load_param: the master when there is one.
-    float p[N];
-    if (master) {
-      load_quad<kVec>(master, i, valid, p);
-    } else {
-      load_quad<kVec>(param, i, valid, p);
-    }
+          for (int k = 0; k < N; ++k) g[k] = scale_grad(h, s, g[k]);
+        } else {
+          (void)g;  // phase 2 recomputes the update from the moments alone
+        }
+        float p[N];  // load_param: the master when there is one
+        if (master) {
+          load_quad<kVec>(master, i, valid, p);
+        } else {
+          load_quad<kVec>(param, i, valid, p);
+        }
 
-    if constexpr (kKernel == Kernel::kAdam) {
-      float m[N], v[N], vmax[N];
-      load_quad<kVec>(state0, i, valid, m);
-      load_quad<kVec>(state1, i, valid, v);
-      if (h.amsgrad) load_quad<kVec>(state2, i, valid, vmax);
+        if constexpr (kKernel == Kernel::kAdam) {
+          float m[N], v[N], vmax[N] = {0.f, 0.f, 0.f, 0.f};
+          load_quad<kVec>(state0, i, valid, m);
+          load_quad<kVec>(state1, i, valid, v);
+          if (h.amsgrad) load_quad<kVec>(state2, i, valid, vmax);
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        if (h.weight_decay != 0.f) {
-          if (h.decoupled_weight_decay) {
-            p[k] = f_mul(p[k], s.param_decay);  // param.mul_(1 - lr * wd)
-          } else {
-            g[k] = f_fma(p[k], h.weight_decay, g[k]);  // grad.add(param, alpha=wd)
+          for (int k = 0; k < N; ++k) adam_element(h, s, g[k], p[k], m[k], v[k], vmax[k]);
+          store_quad<kVec>(state0, i, valid, m);
+          store_quad<kVec>(state1, i, valid, v);
+          if (h.amsgrad) store_quad<kVec>(state2, i, valid, vmax);
+        } else if constexpr (kKernel == Kernel::kSgd) {
+          float buf[N] = {0.f, 0.f, 0.f, 0.f};
+          if (h.momentum != 0.f && !h.first_step) load_quad<kVec>(state0, i, valid, buf);
+#pragma unroll
+          for (int k = 0; k < N; ++k) sgd_element(h, s, g[k], p[k], buf[k]);
+          if (h.momentum != 0.f) store_quad<kVec>(state0, i, valid, buf);
+        } else if constexpr (kKernel == Kernel::kLion) {
+          float m[N];
+          load_quad<kVec>(state0, i, valid, m);
+#pragma unroll
+          for (int k = 0; k < N; ++k) lion_element(h, s, g[k], p[k], m[k]);
+          store_quad<kVec>(state0, i, valid, m);
+        } else if constexpr (kKernel == Kernel::kLambPhase1) {
+          float m[N], v[N];
+          load_quad<kVec>(state0, i, valid, m);
+          load_quad<kVec>(state1, i, valid, v);
+#pragma unroll
+          for (int k = 0; k < N; ++k) lamb_moments(h, g[k], m[k], v[k]);
+          store_quad<kVec>(state0, i, valid, m);
+          store_quad<kVec>(state1, i, valid, v);
+#pragma unroll
+          for (int k = 0; k < N; ++k) {
+            if (k < valid) {  // padding lanes may be 0/0 when eps == 0
+              const float u = lamb_update(h, s, m[k], v[k], p[k]);
+              p_acc = f_fma(p[k], p[k], p_acc);
+              u_acc = f_fma(u, u, u_acc);
+            }
           }
+          return;  // phase 1 does not touch the param
+        } else {   // kLambPhase2: recompute u from the new moments, apply lr * trust * u
+          float m[N], v[N];
+          load_quad<kVec>(state0, i, valid, m);
+          load_quad<kVec>(state1, i, valid, v);
+#pragma unroll
+          for (int k = 0; k < N; ++k) p[k] = lamb_apply(h, s, m[k], v[k], p[k]);
         }
-        m[k] = f_fma(h.one_minus_beta1, f_sub(g[k], m[k]), m[k]);  // lerp_(grad, 1 - beta1)
-        v[k] = f_fma(f_mul(h.one_minus_beta2, g[k]), g[k], f_mul(v[k], h.beta2_f));
-      }
-      store_quad<kVec>(state0, i, valid, m);
-      store_quad<kVec>(state1, i, valid, v);
-      if (h.amsgrad) {
-#pragma unroll
-        for (int k = 0; k < N; ++k) vmax[k] = v[k] = max_gt(vmax[k], v[k]);
-        store_quad<kVec>(state2, i, valid, vmax);
-      }
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const float denom = f_add(f_div(f_sqrt(v[k]), s.bias_correction2_sqrt), h.eps);
-        p[k] = f_add(p[k], f_div(f_mul(-s.step_size, m[k]), denom));  // addcdiv_(-step_size)
-      }
-    } else if constexpr (kKernel == Kernel::kSgd) {
-      float buf[N];
-      if (h.momentum != 0.f && !h.first_step) load_quad<kVec>(state0, i, valid, buf);
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        if (h.weight_decay != 0.f) g[k] = f_fma(p[k], h.weight_decay, g[k]);
-        if (h.momentum != 0.f) {
-          buf[k] = h.first_step ? g[k]  // first step: buffer = clone(grad)
-                                : f_fma(g[k], h.one_minus_dampening, f_mul(buf[k], h.momentum));
-          g[k] = h.nesterov ? f_fma(buf[k], h.momentum, g[k]) : buf[k];
-        }
-        p[k] = f_fma(g[k], -s.lr, p[k]);
-      }
-      if (h.momentum != 0.f) store_quad<kVec>(state0, i, valid, buf);
-    } else if constexpr (kKernel == Kernel::kLion) {
-      float m[N];
-      load_quad<kVec>(state0, i, valid, m);
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        if (h.weight_decay != 0.f) p[k] = f_mul(p[k], s.param_decay);
-        const float direction = f_sign(f_fma(h.one_minus_beta1, f_sub(g[k], m[k]), m[k]));
-        p[k] = f_fma(direction, -s.lr, p[k]);
-        m[k] = f_fma(h.one_minus_beta2, f_sub(g[k], m[k]), m[k]);  // m = lerp(m, g, 1 - b2)
-      }
-      store_quad<kVec>(state0, i, valid, m);
-    } else if constexpr (kKernel == Kernel::kLambPhase1) {
-      float m[N], v[N];
-      load_quad<kVec>(state0, i, valid, m);
-      load_quad<kVec>(state1, i, valid, v);
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        m[k] = f_fma(h.one_minus_beta1, f_sub(g[k], m[k]), m[k]);
-        v[k] = f_fma(f_mul(h.one_minus_beta2, g[k]), g[k], f_mul(v[k], h.beta2_f));
-      }
-      store_quad<kVec>(state0, i, valid, m);
-      store_quad<kVec>(state1, i, valid, v);
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        if (k < valid) {
-          const float u = lamb_update(h, s, m[k], v[k], p[k]);
-          p_acc = f_fma(p[k], p[k], p_acc);
-          u_acc = f_fma(u, u, u_acc);
-        }
-      }
-      return;  // phase 1 does not touch the param
-    } else {  // kLambPhase2: recompute u from the new moments, apply lr * trust * u
-      float m[N], v[N];
-      load_quad<kVec>(state0, i, valid, m);
-      load_quad<kVec>(state1, i, valid, v);
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        p[k] = f_fma(lamb_update(h, s, m[k], v[k], p[k]), -s.step_size, p[k]);
-      }
-    }
 
-    // store_param: mask, master, rounded param, EMA.
-    if (mask) {
-      float mk[N];
-      load_quad<kVec>(mask, i, valid, mk);
+        // store_param: mask, master, rounded param, EMA.
+        if (mask) {
+          float mk[N];
+          load_quad<kVec>(mask, i, valid, mk);
 #pragma unroll
-      for (int k = 0; k < N; ++k) p[k] = mk[k] != 0.f ? p[k] : 0.f;
-    }
-    if (master) store_quad<kVec>(master, i, valid, p);
-    store_quad<kVec>(param, i, valid, p);
-    if (ema) {
-      float e[N];
-      load_quad<kVec>(ema, i, valid, e);
+          for (int k = 0; k < N; ++k) p[k] = apply_mask(mk[k], p[k]);
+        }
+        if (master) store_quad<kVec>(master, i, valid, p);
+        store_quad<kVec>(param, i, valid, p);
+        if (ema) {
+          float e[N];
+          load_quad<kVec>(ema, i, valid, e);
 #pragma unroll
-      for (int k = 0; k < N; ++k) e[k] = f_fma(h.one_minus_ema_decay, f_sub(p[k], e[k]), e[k]);
-      store_quad<kVec>(ema, i, valid, e);
-    }
-  });
+          for (int k = 0; k < N; ++k) e[k] = ema_update(h, p[k], e[k]);
+          store_quad<kVec>(ema, i, valid, e);
+        }
+      });
 
   if constexpr (kKernel == Kernel::kLambPhase1) {
     const double p_sum = mta_block_sum(static_cast<double>(p_acc));
@@ -271,21 +200,27 @@ __global__ void __launch_bounds__(kMtaBlockSize)
   *meta.steps[i] += 1.f;
 }
 
-cudaError_t launch_step_increment(const OptimTensor* tensors, int64_t count,
-                                  const float* found_inf, cudaStream_t stream) {
-  StepMeta meta;
+cudaError_t launch_step_increment(const OptimTensor* tensors, int64_t count, const float* found_inf,
+                                  cudaStream_t stream) {
+  StepMeta meta{};
   meta.found_inf = found_inf;
   meta.count = 0;
   for (int64_t i = 0; i < count; ++i) {
     if (tensors[i].step == nullptr) continue;
     meta.steps[meta.count++] = tensors[i].step;
-    if (meta.count == kMaxStepsPerLaunch || i + 1 == count) {
+    const bool last = i + 1 == count;
+    if (meta.count > 0 && (meta.count == kMaxStepsPerLaunch || last)) {
       step_increment_kernel<<<(meta.count + kMtaBlockSize - 1) / kMtaBlockSize, kMtaBlockSize, 0,
                               stream>>>(meta);
       const cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
       meta.count = 0;
     }
+  }
+  if (meta.count > 0) {  // the last tensors had no step pointer
+    step_increment_kernel<<<(meta.count + kMtaBlockSize - 1) / kMtaBlockSize, kMtaBlockSize, 0,
+                            stream>>>(meta);
+    return cudaGetLastError();
   }
   return cudaSuccess;
 }
@@ -297,7 +232,7 @@ cudaError_t launch_batches(const std::vector<MtaTensor<kDepth>>& list, const Opt
                            cudaStream_t stream) {
   return mta_for_each_launch<OptimMeta>(
       list.data(), list.size(), [&](const OptimMeta& meta, int blocks) {
-        optim_kernel<kKernel, P, G><<<blocks, kMtaBlockSize, 0, stream>>>(meta, prm);
+        optim_kernel<kKernel, P, G><<<blocks * kMtaSplit, kMtaBlockSize, 0, stream>>>(meta, prm);
         return cudaGetLastError();
       });
 }

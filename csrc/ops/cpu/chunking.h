@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -35,18 +36,27 @@ inline std::vector<Chunk> make_chunks(const std::vector<at::Tensor>& tensors) {
 }
 
 /// Calls fn(chunk, index) for every chunk, in parallel when the total work is large enough.
-/// Chunks are handed out in contiguous runs of about equal element counts per thread.
+/// Each thread gets a contiguous run of chunks holding about total/threads elements (balanced by
+/// elements, not by chunk count: a model's many small biases must not pile up on one thread).
 template <class Fn>
 void parallel_over_chunks(const std::vector<Chunk>& chunks, Fn&& fn) {
-  int64_t total = 0;
-  for (const auto& c : chunks) total += c.length;
   const int64_t n = static_cast<int64_t>(chunks.size());
-  if (total < kSerialElements || at::get_num_threads() <= 1 || n <= 1) {
+  std::vector<int64_t> start(static_cast<size_t>(n) + 1, 0);  // element offset of each chunk
+  for (int64_t i = 0; i < n; ++i) start[i + 1] = start[i] + chunks[i].length;
+  const int64_t total = start[n];
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  if (total < kSerialElements || threads <= 1) {
     for (int64_t i = 0; i < n; ++i) fn(chunks[i], static_cast<size_t>(i));
     return;
   }
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) fn(chunks[i], static_cast<size_t>(i));
+  at::parallel_for(0, threads, 1, [&](int64_t t_begin, int64_t t_end) {
+    // Thread t takes the chunks that start in [total * t / threads, total * (t + 1) / threads).
+    auto first_chunk = [&](int64_t t) {
+      const int64_t offset = total * t / threads;
+      return std::lower_bound(start.begin(), start.end() - 1, offset) - start.begin();
+    };
+    const int64_t end = first_chunk(t_end);
+    for (int64_t i = first_chunk(t_begin); i < end; ++i) fn(chunks[i], static_cast<size_t>(i));
   });
 }
 

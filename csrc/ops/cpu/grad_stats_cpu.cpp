@@ -21,8 +21,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_impl(const char* op,
                                                                bool per_tensor) {
   const at::Device device = check_float_tensor_list(op, "tensors", tensors);
   if (inv_scale) check_scalar_tensor(op, "inv_scale", *inv_scale, device);
-  const auto& table =
-      *rethrow_as_torch_error(op, [] { return &kernels::cpu::cpu_kernels(); });
+  const auto& table = *rethrow_as_torch_error(op, [] { return &kernels::cpu::cpu_kernels(); });
 
   // Non-contiguous tensors are processed through a contiguous copy (written back if unscaled).
   std::vector<at::Tensor> work(tensors.begin(), tensors.end());

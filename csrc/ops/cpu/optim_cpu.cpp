@@ -19,7 +19,6 @@ using kernels::cpu::OptimChunk;
 using kernels::cpu::OptimFn;
 using kernels::cpu::OptimScalars;
 
-
 enum class Algo { kAdam, kSgd, kLion, kLamb };
 
 /// Everything one fused step call needs; lists that a feature does not use are empty.
@@ -42,8 +41,7 @@ float read_scalar(const OptTensor* t, float fallback) {
 }
 
 void* offset(const at::Tensor& t, int64_t begin) {
-  return t.numel() == 0 ? nullptr
-                        : static_cast<char*>(t.data_ptr()) + begin * t.element_size();
+  return t.numel() == 0 ? nullptr : static_cast<char*>(t.data_ptr()) + begin * t.element_size();
 }
 
 float* offset_f32(at::TensorList list, size_t i, int64_t begin) {
@@ -68,13 +66,12 @@ OptimChunk make_chunk(const StepArgs& a, const std::vector<at::Tensor>& grads, c
 /// Runs one fused step. `base` holds the hyperparameters; per-tensor bias corrections are filled
 /// in from each param's step count.
 void run_step(const StepArgs& a, OptimScalars base) {
-  const auto& table =
-      *rethrow_as_torch_error(a.op, [] { return &kernels::cpu::cpu_kernels(); });
+  const auto& table = *rethrow_as_torch_error(a.op, [] { return &kernels::cpu::cpu_kernels(); });
   // AMP: a step whose grads hold inf/NaN changes nothing, not even the step counts.
   if (read_scalar(a.found_inf, 0.f) != 0.f) return;
 
-  const double lr = (a.lr_tensor && a.lr_tensor->has_value()) ? (*a.lr_tensor)->item<double>()
-                                                              : a.lr;
+  const double lr =
+      (a.lr_tensor && a.lr_tensor->has_value()) ? (*a.lr_tensor)->item<double>() : a.lr;
   const float scale = read_scalar(a.grad_scale, 1.f);
   // Same rounding as GradScaler's unscale: float(1 / double(scale)).
   const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale));
@@ -87,8 +84,11 @@ void run_step(const StepArgs& a, OptimScalars base) {
   const size_t n = a.params.size();
   std::vector<OptimScalars> scalars(n, base);
   for (size_t i = 0; i < n && !a.steps.empty(); ++i) {
-    a.steps[i].add_(1);
-    const double step = a.steps[i].item<double>();
+    // Validated one-element float32 CPU tensors: updated through the pointer, as torch's
+    // `step += 1` does in float32, without two dispatcher calls per param.
+    float* step_ptr = a.steps[i].data_ptr<float>();
+    *step_ptr += 1.f;
+    const double step = *step_ptr;
     const double bc1 = 1.0 - std::pow(a.beta1, step);
     const double bc2 = 1.0 - std::pow(a.beta2, step);
     scalars[i].bias_correction1 = static_cast<float>(bc1);
@@ -188,17 +188,31 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList mo
   s.nesterov = nesterov;
   s.maximize = maximize;
   s.first_step = first_step;
-  run_step({op, Algo::kSgd, params, grads, momentum_buffers, {}, {}, masters, {}, masks, emas,
-            &lr_tensor, &grad_scale, &found_inf, &clip_coef, lr, ema_decay},
+  run_step({op,
+            Algo::kSgd,
+            params,
+            grads,
+            momentum_buffers,
+            {},
+            {},
+            masters,
+            {},
+            masks,
+            emas,
+            &lr_tensor,
+            &grad_scale,
+            &found_inf,
+            &clip_coef,
+            lr,
+            ema_decay},
            s);
 }
 
 void lion_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                    at::TensorList masters, at::TensorList steps, at::TensorList masks,
-                   at::TensorList emas, double lr, double beta1, double beta2,
-                   double weight_decay, bool maximize, const OptTensor& lr_tensor,
-                   const OptTensor& grad_scale, const OptTensor& found_inf,
-                   const OptTensor& clip_coef, double ema_decay) {
+                   at::TensorList emas, double lr, double beta1, double beta2, double weight_decay,
+                   bool maximize, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                   const OptTensor& found_inf, const OptTensor& clip_coef, double ema_decay) {
   const char* op = "lion_step_";
   validate_lion_step(params, grads, exp_avgs, masters, steps, masks, emas, lr_tensor, grad_scale,
                      found_inf, clip_coef);
@@ -209,17 +223,34 @@ void lion_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   s.one_minus_beta1 = static_cast<float>(1.0 - beta1);
   s.one_minus_beta2 = static_cast<float>(1.0 - beta2);
   s.maximize = maximize;
-  run_step({op, Algo::kLion, params, grads, exp_avgs, {}, {}, masters, steps, masks, emas,
-            &lr_tensor, &grad_scale, &found_inf, &clip_coef, lr, ema_decay, beta1, beta2},
+  run_step({op,
+            Algo::kLion,
+            params,
+            grads,
+            exp_avgs,
+            {},
+            {},
+            masters,
+            steps,
+            masks,
+            emas,
+            &lr_tensor,
+            &grad_scale,
+            &found_inf,
+            &clip_coef,
+            lr,
+            ema_decay,
+            beta1,
+            beta2},
            s);
 }
 
 void lamb_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                    at::TensorList exp_avg_sqs, at::TensorList masters, at::TensorList steps,
-                   at::TensorList masks, at::TensorList emas, double lr, double beta1,
-                   double beta2, double eps, double weight_decay, bool maximize,
-                   const OptTensor& lr_tensor, const OptTensor& grad_scale,
-                   const OptTensor& found_inf, const OptTensor& clip_coef, double ema_decay) {
+                   at::TensorList masks, at::TensorList emas, double lr, double beta1, double beta2,
+                   double eps, double weight_decay, bool maximize, const OptTensor& lr_tensor,
+                   const OptTensor& grad_scale, const OptTensor& found_inf,
+                   const OptTensor& clip_coef, double ema_decay) {
   const char* op = "lamb_step_";
   validate_lamb_step(params, grads, exp_avgs, exp_avg_sqs, masters, steps, masks, emas, lr_tensor,
                      grad_scale, found_inf, clip_coef);
@@ -231,8 +262,25 @@ void lamb_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   s.one_minus_beta2 = static_cast<float>(1.0 - beta2);
   s.eps = static_cast<float>(eps);
   s.maximize = maximize;
-  run_step({op, Algo::kLamb, params, grads, exp_avgs, exp_avg_sqs, {}, masters, steps, masks,
-            emas, &lr_tensor, &grad_scale, &found_inf, &clip_coef, lr, ema_decay, beta1, beta2},
+  run_step({op,
+            Algo::kLamb,
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            {},
+            masters,
+            steps,
+            masks,
+            emas,
+            &lr_tensor,
+            &grad_scale,
+            &found_inf,
+            &clip_coef,
+            lr,
+            ema_decay,
+            beta1,
+            beta2},
            s);
 }
 

@@ -61,12 +61,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_cuda_impl(const char* 
   at::Tensor found_inf = at::empty({}, opts);
 
   const cudaError_t err = kc::grad_stats(
-      list.data(), n, inv_scale ? scale.data_ptr<float>() : nullptr,
-      workspace.data_ptr<double>(), total.data_ptr<float>(),
-      per_tensor ? per.data_ptr<float>() : nullptr, found_inf.data_ptr<float>(),
-      c10::cuda::getCurrentCUDAStream(device.index()).stream());
-  TORCH_CHECK(err == cudaSuccess, "torchspeed.", op, ": CUDA kernel launch failed: ",
-              cudaGetErrorString(err));
+      list.data(), n, inv_scale ? scale.data_ptr<float>() : nullptr, workspace.data_ptr<double>(),
+      total.data_ptr<float>(), per_tensor ? per.data_ptr<float>() : nullptr,
+      found_inf.data_ptr<float>(), c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  TORCH_CHECK(err == cudaSuccess, "torchspeed.", op,
+              ": CUDA kernel launch failed: ", cudaGetErrorString(err));
 
   if (inv_scale) {
     for (size_t i = 0; i < work.size(); ++i) {
@@ -81,8 +80,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_cuda(at::TensorList te
   return grad_stats_cuda_impl("grad_stats", tensors, nullptr, per_tensor);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_unscale_cuda(
-    at::TensorList tensors, const at::Tensor& inv_scale, bool per_tensor) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_unscale_cuda(at::TensorList tensors,
+                                                                       const at::Tensor& inv_scale,
+                                                                       bool per_tensor) {
   return grad_stats_cuda_impl("grad_stats_unscale_", tensors, &inv_scale, per_tensor);
 }
 

@@ -10,8 +10,8 @@ namespace {
 void adam_step_meta(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                     at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
                     at::TensorList masters, at::TensorList steps, at::TensorList masks,
-                    at::TensorList emas, double, double, double, double, double, bool amsgrad,
-                    bool, bool, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                    at::TensorList emas, double, double, double, double, double, bool amsgrad, bool,
+                    bool, const OptTensor& lr_tensor, const OptTensor& grad_scale,
                     const OptTensor& found_inf, const OptTensor& clip_coef, double) {
   validate_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, masks,
                      emas, amsgrad, lr_tensor, grad_scale, found_inf, clip_coef);

@@ -1,6 +1,6 @@
 """Fused drop-in replacements for torch.optim optimizers (plus Lion and LAMB).
 
-    opt = torchspeed.optim.AdamW(model.parameters(), lr=1e-3)   # was torch.optim.AdamW
+opt = torchspeed.optim.AdamW(model.parameters(), lr=1e-3)   # was torch.optim.AdamW
 """
 
 from ._fused import FusedOptimizer

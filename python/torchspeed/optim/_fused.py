@@ -170,18 +170,33 @@ class FusedOptimizer(Optimizer):
         return loss
 
     def _buckets(self, group, params: List[torch.Tensor]) -> Iterable[List[torch.Tensor]]:
-        with_master = [p for p in params if self._wants_master(group, p)]
-        without = [p for p in params if not self._wants_master(group, p)]
+        """Splits a group's params into those with an fp32 master and those without."""
+        mw = group["master_weights"]
+        if mw is not None and not mw:
+            return [params]
+        with_master, without = [], []
+        for p in params:
+            (with_master if p.dtype in _LOW_PRECISION else without).append(p)
         return [b for b in (with_master, without) if b]
 
     def _common_lists(self, group, params):
-        states = [self._init_state(group, p) for p in params]
+        # Hot path (runs every step for every param): one dict lookup per param once state exists.
+        state_of = self.state
+        wants_master = self._wants_master(group, params[0])  # shared by a bucket
+        need_ema = group["ema_decay"] is not None
+        states = []
+        for p in params:
+            s = state_of.get(p)
+            if not s or (wants_master and "master" not in s) or (need_ema and "ema" not in s):
+                s = self._init_state(group, p)
+            states.append(s)
         grads = [p.grad for p in params]
-        masters = [s["master"] for s in states if "master" in s]
-        masks = [self._masks[p] for p in params] if any(p in self._masks for p in params) else []
-        if masks and len(masks) != len(params):
+        masters = [s["master"] for s in states] if wants_master else []
+        masks = []
+        if self._masks and any(p in self._masks for p in params):
+            # Params without a mask in a bucket where others have one get an all-ones mask.
             masks = [self._masks.get(p, torch.ones_like(p, dtype=torch.float32)) for p in params]
-        emas = [s["ema"] for s in states] if group["ema_decay"] is not None else []
+        emas = [s["ema"] for s in states] if need_ema else []
         return states, grads, masters, masks, emas
 
     def _scalars(self, group, grad_scale, found_inf, clip_coef) -> Dict[str, Any]:

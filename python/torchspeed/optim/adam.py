@@ -41,7 +41,9 @@ class Adam(FusedOptimizer):
         name = type(self).__name__
         _accept_torch_only_flags(name, foreach, fused, differentiable)
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError(f"torchspeed.optim.{name}: lr as a Tensor must have 1 element, got {lr.numel()}")
+            raise ValueError(
+                f"torchspeed.optim.{name}: lr as a Tensor must have 1 element, got {lr.numel()}"
+            )
         if not 0.0 <= float(lr):
             raise ValueError(f"torchspeed.optim.{name}: lr must be >= 0, got {float(lr)}")
         if not 0.0 <= eps:
@@ -50,13 +52,24 @@ class Adam(FusedOptimizer):
             if not 0.0 <= float(b) < 1.0:
                 raise ValueError(f"torchspeed.optim.{name}: betas[{i}] must be in [0, 1), got {b}")
         if not 0.0 <= weight_decay:
-            raise ValueError(f"torchspeed.optim.{name}: weight_decay must be >= 0, got {weight_decay}")
+            raise ValueError(
+                f"torchspeed.optim.{name}: weight_decay must be >= 0, got {weight_decay}"
+            )
         defaults = dict(
-            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-            maximize=maximize, foreach=foreach, capturable=capturable,
-            differentiable=differentiable, fused=fused,
-            decoupled_weight_decay=decoupled_weight_decay, master_weights=master_weights,
-            max_grad_norm=max_grad_norm, ema_decay=ema_decay,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            decoupled_weight_decay=decoupled_weight_decay,
+            master_weights=master_weights,
+            max_grad_norm=max_grad_norm,
+            ema_decay=ema_decay,
         )
         super().__init__(params, defaults)
 
@@ -73,12 +86,20 @@ class Adam(FusedOptimizer):
         amsgrad = group["amsgrad"]
         beta1, beta2 = group["betas"]
         torch.ops.torchspeed.adam_step_(
-            params, grads,
-            [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+            params,
+            grads,
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
             [s["max_exp_avg_sq"] for s in states] if amsgrad else [],
-            masters, [s["step"] for s in states], masks, emas,
-            beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
-            weight_decay=float(group["weight_decay"]), amsgrad=amsgrad,
+            masters,
+            [s["step"] for s in states],
+            masks,
+            emas,
+            beta1=float(beta1),
+            beta2=float(beta2),
+            eps=float(group["eps"]),
+            weight_decay=float(group["weight_decay"]),
+            amsgrad=amsgrad,
             maximize=group["maximize"],
             decoupled_weight_decay=group["decoupled_weight_decay"],
             **self._scalars(group, grad_scale, found_inf, clip_coef),
@@ -107,8 +128,19 @@ class AdamW(Adam):
         ema_decay: Optional[float] = None,
     ):
         super().__init__(
-            params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
-            capturable=capturable, differentiable=differentiable, fused=fused,
-            decoupled_weight_decay=True, master_weights=master_weights,
-            max_grad_norm=max_grad_norm, ema_decay=ema_decay,
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            amsgrad,
+            foreach=foreach,
+            maximize=maximize,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            decoupled_weight_decay=True,
+            master_weights=master_weights,
+            max_grad_norm=max_grad_norm,
+            ema_decay=ema_decay,
         )

@@ -36,18 +36,32 @@ class Lion(FusedOptimizer):
         ema_decay: Optional[float] = None,
     ):
         _check_common("Lion", lr, betas, weight_decay)
-        defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize,
-                        master_weights=master_weights, max_grad_norm=max_grad_norm,
-                        ema_decay=ema_decay)
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            weight_decay=weight_decay,
+            maximize=maximize,
+            master_weights=master_weights,
+            max_grad_norm=max_grad_norm,
+            ema_decay=ema_decay,
+        )
         super().__init__(params, defaults)
 
     def _fused_step(self, group, params, grad_scale, found_inf, clip_coef):
         states, grads, masters, masks, emas = self._common_lists(group, params)
         beta1, beta2 = group["betas"]
         torch.ops.torchspeed.lion_step_(
-            params, grads, [s["exp_avg"] for s in states], masters, [s["step"] for s in states],
-            masks, emas, beta1=float(beta1), beta2=float(beta2),
-            weight_decay=float(group["weight_decay"]), maximize=group["maximize"],
+            params,
+            grads,
+            [s["exp_avg"] for s in states],
+            masters,
+            [s["step"] for s in states],
+            masks,
+            emas,
+            beta1=float(beta1),
+            beta2=float(beta2),
+            weight_decay=float(group["weight_decay"]),
+            maximize=group["maximize"],
             **self._scalars(group, grad_scale, found_inf, clip_coef),
         )
 
@@ -73,17 +87,34 @@ class LAMB(FusedOptimizer):
         ema_decay: Optional[float] = None,
     ):
         _check_common("LAMB", lr, betas, weight_decay)
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
-                        master_weights=master_weights, max_grad_norm=max_grad_norm,
-                        ema_decay=ema_decay)
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            maximize=maximize,
+            master_weights=master_weights,
+            max_grad_norm=max_grad_norm,
+            ema_decay=ema_decay,
+        )
         super().__init__(params, defaults)
 
     def _fused_step(self, group, params, grad_scale, found_inf, clip_coef):
         states, grads, masters, masks, emas = self._common_lists(group, params)
         beta1, beta2 = group["betas"]
         torch.ops.torchspeed.lamb_step_(
-            params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-            masters, [s["step"] for s in states], masks, emas, beta1=float(beta1),
-            beta2=float(beta2), eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
-            maximize=group["maximize"], **self._scalars(group, grad_scale, found_inf, clip_coef),
+            params,
+            grads,
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            masters,
+            [s["step"] for s in states],
+            masks,
+            emas,
+            beta1=float(beta1),
+            beta2=float(beta2),
+            eps=float(group["eps"]),
+            weight_decay=float(group["weight_decay"]),
+            maximize=group["maximize"],
+            **self._scalars(group, grad_scale, found_inf, clip_coef),
         )

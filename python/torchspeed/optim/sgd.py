@@ -39,11 +39,21 @@ class SGD(FusedOptimizer):
         if weight_decay < 0.0:
             raise ValueError(f"torchspeed.optim.SGD: weight_decay must be >= 0, got {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("torchspeed.optim.SGD: nesterov requires a momentum and zero dampening")
+            raise ValueError(
+                "torchspeed.optim.SGD: nesterov requires a momentum and zero dampening"
+            )
         defaults = dict(
-            lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-            nesterov=nesterov, maximize=maximize, foreach=foreach, differentiable=differentiable,
-            fused=fused, master_weights=master_weights, max_grad_norm=max_grad_norm,
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            maximize=maximize,
+            foreach=foreach,
+            differentiable=differentiable,
+            fused=fused,
+            master_weights=master_weights,
+            max_grad_norm=max_grad_norm,
             ema_decay=ema_decay,
         )
         super().__init__(params, defaults)
@@ -71,12 +81,22 @@ class SGD(FusedOptimizer):
         if momentum != 0:
             for p, s in zip(params, states):
                 if s.get("momentum_buffer") is None:
-                    s["momentum_buffer"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+                    s["momentum_buffer"] = torch.zeros(
+                        p.shape, dtype=torch.float32, device=p.device
+                    )
                 buffers.append(s["momentum_buffer"])
         torch.ops.torchspeed.sgd_step_(
-            params, grads, buffers, masters, masks, emas,
-            momentum=float(momentum), dampening=float(group["dampening"]),
-            weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
-            maximize=group["maximize"], first_step=first,
+            params,
+            grads,
+            buffers,
+            masters,
+            masks,
+            emas,
+            momentum=float(momentum),
+            dampening=float(group["dampening"]),
+            weight_decay=float(group["weight_decay"]),
+            nesterov=group["nesterov"],
+            maximize=group["maximize"],
+            first_step=first,
             **self._scalars(group, grad_scale, found_inf, clip_coef),
         )

@@ -1,0 +1,807 @@
+// torchspeed::optim::{Adam, AdamW, SGD, Lion, LAMB}: torch::optim::Optimizer subclasses whose step
+// calls the fused torchspeed::*_step_ ops through the dispatcher (CPU or CUDA by the params'
+// device).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/serialize/archive.h>
+#include <torch/utils.h>
+
+#include <set>
+#include <string>
+
+#include "torchspeed/ops.h"
+#include "torchspeed/optim/adam.h"
+#include "torchspeed/optim/lion.h"
+#include "torchspeed/optim/sgd.h"
+
+namespace torchspeed::optim {
+
+namespace {
+
+using torch::optim::Optimizer;
+using torch::optim::OptimizerParamState;
+using OptTensor = std::optional<at::Tensor>;
+
+bool is_supported_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+}
+
+bool wants_master(const std::optional<bool>& master_weights, const at::Tensor& p) {
+  return (p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf) &&
+         master_weights.value_or(true);
+}
+
+void check_betas(const char* name, const std::tuple<double, double>& betas) {
+  const double b[2] = {std::get<0>(betas), std::get<1>(betas)};
+  for (int i = 0; i < 2; ++i) {
+    TORCH_CHECK(0.0 <= b[i] && b[i] < 1.0, "torchspeed.optim.", name, ": betas[", i,
+                "] must be in [0, 1), got ", b[i]);
+  }
+}
+
+void check_common_options(const char* name, double lr, double weight_decay,
+                          const std::optional<double>& max_grad_norm) {
+  TORCH_CHECK(lr >= 0, "torchspeed.optim.", name, ": lr must be >= 0, got ", lr);
+  TORCH_CHECK(weight_decay >= 0, "torchspeed.optim.", name, ": weight_decay must be >= 0, got ",
+              weight_decay);
+  TORCH_CHECK(!max_grad_norm || *max_grad_norm > 0, "torchspeed.optim.", name,
+              ": max_grad_norm must be > 0 or unset, got ", max_grad_norm.value_or(0));
+}
+
+// Every param the optimizer holds must be a dense float32/bfloat16/float16 tensor; checked at
+// construction so a bad model fails early with the param's position.
+void check_params(const char* name, const Optimizer& self) {
+  const auto& groups = self.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& params = groups[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i];
+      TORCH_CHECK(p.defined() && p.layout() == at::kStrided && is_supported_dtype(p.scalar_type()),
+                  "torchspeed.optim.", name, ": param_groups[", g, "].params[", i,
+                  "] must be a dense float32, bfloat16 or float16 tensor, got ",
+                  p.defined() ? c10::str(p.scalar_type(), " ", p.layout()) : std::string("None"));
+    }
+  }
+}
+
+// Validates every param that has a grad before anything (state included) is created or changed,
+// so a bad step throws and leaves the optimizer and the model as they were.
+void check_step_inputs(const char* name, const Optimizer& self) {
+  const auto& groups = self.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& params = groups[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i];
+      const at::Tensor& grad = p.grad();
+      if (!grad.defined()) continue;
+      const auto where = c10::str("param_groups[", g, "].params[", i, "]");
+      TORCH_CHECK(p.layout() == at::kStrided && is_supported_dtype(p.scalar_type()),
+                  "torchspeed.optim.", name, ": ", where,
+                  " must be a dense float32, bfloat16 or float16 tensor, got ", p.scalar_type(),
+                  " ", p.layout());
+      TORCH_CHECK(p.is_contiguous(), "torchspeed.optim.", name, ": ", where,
+                  " must be contiguous, got strides ", p.strides());
+      TORCH_CHECK(grad.layout() == at::kStrided, "torchspeed.optim.", name, ": the grad of ", where,
+                  " must be dense; sparse gradients are not supported, got ", grad.layout());
+      TORCH_CHECK(is_supported_dtype(grad.scalar_type()), "torchspeed.optim.", name,
+                  ": the grad of ", where, " must be float32, bfloat16 or float16, got ",
+                  grad.scalar_type());
+      TORCH_CHECK(grad.device() == p.device() && grad.sizes() == p.sizes(), "torchspeed.optim.",
+                  name, ": the grad of ", where, " must have the param's shape ", p.sizes(),
+                  " and device ", p.device(), ", got ", grad.sizes(), " on ", grad.device());
+    }
+  }
+}
+
+// Global-norm clipping as torch.nn.utils.clip_grad_norm_, computed on the device by grad_stats;
+// the kernels multiply the grads by the returned one-element coefficient.
+template <typename Options>
+OptTensor clip_coef(const char* name, const Optimizer& self) {
+  std::set<double> max_norms;
+  std::vector<at::Tensor> grads;
+  for (const auto& group : self.param_groups()) {
+    const auto& options = static_cast<const Options&>(group.options());
+    if (options.max_grad_norm()) max_norms.insert(*options.max_grad_norm());
+    for (const auto& p : group.params()) {
+      if (p.grad().defined()) grads.push_back(p.grad());
+    }
+  }
+  if (max_norms.empty() || grads.empty()) return std::nullopt;
+  TORCH_CHECK(max_norms.size() == 1, "torchspeed.optim.", name,
+              ": max_grad_norm clips the global norm and must be the same in every param group "
+              "that sets it, got ",
+              std::vector<double>(max_norms.begin(), max_norms.end()));
+  const at::Tensor norm = torchspeed::grad_stats(grads).total_norm;
+  return at::clamp_max(*max_norms.begin() / (norm + 1e-6), 1.0).reshape({1});
+}
+
+at::Tensor fp32_zeros_like(const at::Tensor& p) {
+  return at::zeros(p.sizes(), p.options().dtype(at::kFloat));
+}
+
+// State loaded from an archive may sit on another device or (step) have another shape.
+void place_on(at::Tensor& t, const at::Tensor& p, bool scalar = false) {
+  if (!t.defined()) return;
+  if (t.device() != p.device() || t.scalar_type() != at::kFloat) {
+    t = t.to(p.device(), at::kFloat).contiguous();
+  }
+  if (scalar && t.dim() != 0) t = t.reshape({});
+}
+
+at::Tensor contiguous_grad(const at::Tensor& p) {
+  const at::Tensor& g = p.grad();
+  return g.is_contiguous() ? g : g.contiguous();
+}
+
+// Splits the params with a grad into (wants a master) / (does not) buckets, non-empty only.
+std::vector<std::vector<at::Tensor>> master_buckets(const std::vector<at::Tensor>& params,
+                                                    const std::optional<bool>& master_weights) {
+  std::vector<at::Tensor> with, without;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    (wants_master(master_weights, p) ? with : without).push_back(p);
+  }
+  std::vector<std::vector<at::Tensor>> out;
+  for (auto* b : {&with, &without}) {
+    if (!b->empty()) out.push_back(std::move(*b));
+  }
+  return out;
+}
+
+// ---- Adam / AdamW -------------------------------------------------------------------------------
+bool decoupled(const AdamOptions& o) { return o.decoupled_weight_decay(); }
+bool decoupled(const AdamWOptions&) { return true; }
+
+AdamParamState& adam_state(Optimizer& self, const at::Tensor& p, bool amsgrad, bool master) {
+  auto& states = self.state();
+  auto it = states.find(p.unsafeGetTensorImpl());
+  if (it == states.end()) {
+    auto s = std::make_unique<AdamParamState>();
+    s->step(at::zeros({}, p.options().dtype(at::kFloat)));
+    s->exp_avg(fp32_zeros_like(p));
+    s->exp_avg_sq(fp32_zeros_like(p));
+    it = states.emplace(p.unsafeGetTensorImpl(), std::move(s)).first;
+  }
+  auto& s = static_cast<AdamParamState&>(*it->second);
+  place_on(s.step(), p, /*scalar=*/true);
+  place_on(s.exp_avg(), p);
+  place_on(s.exp_avg_sq(), p);
+  place_on(s.max_exp_avg_sq(), p);
+  place_on(s.master(), p);
+  if (amsgrad && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(fp32_zeros_like(p));
+  // Rebuilt from the param when absent (e.g. state saved by a run without masters).
+  if (master && !s.master().defined()) s.master(p.detach().to(at::kFloat).clone());
+  return s;
+}
+
+template <typename Options>
+at::Tensor adam_family_step(Optimizer& self, const char* name,
+                            const Optimizer::LossClosure& closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  check_step_inputs(name, self);
+  const OptTensor coef = clip_coef<Options>(name, self);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchspeed::adam_step_", "")
+                       .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                                   at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                                   at::TensorList, double, double, double, double, double, bool,
+                                   bool, bool, const OptTensor&, const OptTensor&, const OptTensor&,
+                                   const OptTensor&, double)>();
+  for (auto& group : self.param_groups()) {
+    const auto& o = static_cast<const Options&>(group.options());
+    for (const auto& bucket : master_buckets(group.params(), o.master_weights())) {
+      std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps;
+      for (const auto& p : bucket) {
+        auto& s = adam_state(self, p, o.amsgrad(), wants_master(o.master_weights(), p));
+        grads.push_back(contiguous_grad(p));
+        exp_avgs.push_back(s.exp_avg());
+        exp_avg_sqs.push_back(s.exp_avg_sq());
+        if (o.amsgrad()) max_sqs.push_back(s.max_exp_avg_sq());
+        if (s.master().defined() && wants_master(o.master_weights(), p)) {
+          masters.push_back(s.master());
+        }
+        steps.push_back(s.step());
+      }
+      op.call(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps, {}, {}, o.lr(),
+              std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+              o.amsgrad(), o.maximize(), decoupled(o), std::nullopt, std::nullopt, std::nullopt,
+              coef, 0.0);
+    }
+  }
+  return loss;
+}
+
+template <typename Options>
+void check_adam_options(const char* name, const Options& o) {
+  check_common_options(name, o.lr(), o.weight_decay(), o.max_grad_norm());
+  TORCH_CHECK(o.eps() >= 0, "torchspeed.optim.", name, ": eps must be >= 0, got ", o.eps());
+  check_betas(name, o.betas());
+}
+
+// ---- SGD ----------------------------------------------------------------------------------------
+SGDParamState& sgd_state(Optimizer& self, const at::Tensor& p, bool master) {
+  auto& states = self.state();
+  auto it = states.find(p.unsafeGetTensorImpl());
+  if (it == states.end()) {
+    it = states.emplace(p.unsafeGetTensorImpl(), std::make_unique<SGDParamState>()).first;
+  }
+  auto& s = static_cast<SGDParamState&>(*it->second);
+  place_on(s.momentum_buffer(), p);
+  place_on(s.master(), p);
+  if (master && !s.master().defined()) s.master(p.detach().to(at::kFloat).clone());
+  return s;
+}
+
+bool has_buffer(const Optimizer& self, const at::Tensor& p) {
+  auto it = self.state().find(p.unsafeGetTensorImpl());
+  return it != self.state().end() &&
+         static_cast<const SGDParamState&>(*it->second).momentum_buffer().defined();
+}
+
+// ---- Lion / LAMB -------------------------------------------------------------------------------
+LionParamState& lion_state(Optimizer& self, const at::Tensor& p, bool master) {
+  auto& states = self.state();
+  auto it = states.find(p.unsafeGetTensorImpl());
+  if (it == states.end()) {
+    auto s = std::make_unique<LionParamState>();
+    s->step(at::zeros({}, p.options().dtype(at::kFloat)));
+    s->exp_avg(fp32_zeros_like(p));
+    it = states.emplace(p.unsafeGetTensorImpl(), std::move(s)).first;
+  }
+  auto& s = static_cast<LionParamState&>(*it->second);
+  place_on(s.step(), p, /*scalar=*/true);
+  place_on(s.exp_avg(), p);
+  place_on(s.master(), p);
+  // Rebuilt from the param when absent (e.g. state saved by a run without masters).
+  if (master && !s.master().defined()) s.master(p.detach().to(at::kFloat).clone());
+  return s;
+}
+
+LAMBParamState& lamb_state(Optimizer& self, const at::Tensor& p, bool master) {
+  auto& states = self.state();
+  auto it = states.find(p.unsafeGetTensorImpl());
+  if (it == states.end()) {
+    auto s = std::make_unique<LAMBParamState>();
+    s->step(at::zeros({}, p.options().dtype(at::kFloat)));
+    s->exp_avg(fp32_zeros_like(p));
+    s->exp_avg_sq(fp32_zeros_like(p));
+    it = states.emplace(p.unsafeGetTensorImpl(), std::move(s)).first;
+  }
+  auto& s = static_cast<LAMBParamState&>(*it->second);
+  place_on(s.step(), p, /*scalar=*/true);
+  place_on(s.exp_avg(), p);
+  place_on(s.exp_avg_sq(), p);
+  place_on(s.master(), p);
+  if (master && !s.master().defined()) s.master(p.detach().to(at::kFloat).clone());
+  return s;
+}
+
+template <typename Options>
+void check_lion_family_options(const char* name, const Options& o) {
+  check_common_options(name, o.lr(), o.weight_decay(), o.max_grad_norm());
+  check_betas(name, o.betas());
+}
+
+// torch::optim::Optimizer::add_param_group merges a group's own options with the defaults only
+// for torch's option types and otherwise replaces them by the defaults. This restores them with
+// torch's rule: a field left at its constructor default inherits the optimizer's default.
+#define TORCHSPEED_INHERIT(field) \
+  if (user.field() == fresh.field()) merged.field(defaults.field())
+
+AdamOptions merge_options(const AdamOptions& user, const AdamOptions& defaults) {
+  const AdamOptions fresh;
+  AdamOptions merged = user;
+  TORCHSPEED_INHERIT(lr);
+  TORCHSPEED_INHERIT(betas);
+  TORCHSPEED_INHERIT(eps);
+  TORCHSPEED_INHERIT(weight_decay);
+  TORCHSPEED_INHERIT(amsgrad);
+  TORCHSPEED_INHERIT(maximize);
+  TORCHSPEED_INHERIT(decoupled_weight_decay);
+  TORCHSPEED_INHERIT(master_weights);
+  TORCHSPEED_INHERIT(max_grad_norm);
+  return merged;
+}
+
+AdamWOptions merge_options(const AdamWOptions& user, const AdamWOptions& defaults) {
+  const AdamWOptions fresh;
+  AdamWOptions merged = user;
+  TORCHSPEED_INHERIT(lr);
+  TORCHSPEED_INHERIT(betas);
+  TORCHSPEED_INHERIT(eps);
+  TORCHSPEED_INHERIT(weight_decay);
+  TORCHSPEED_INHERIT(amsgrad);
+  TORCHSPEED_INHERIT(maximize);
+  TORCHSPEED_INHERIT(master_weights);
+  TORCHSPEED_INHERIT(max_grad_norm);
+  return merged;
+}
+
+LionOptions merge_options(const LionOptions& user, const LionOptions& defaults) {
+  const LionOptions fresh;
+  LionOptions merged = user;
+  TORCHSPEED_INHERIT(lr);
+  TORCHSPEED_INHERIT(betas);
+  TORCHSPEED_INHERIT(weight_decay);
+  TORCHSPEED_INHERIT(maximize);
+  TORCHSPEED_INHERIT(master_weights);
+  TORCHSPEED_INHERIT(max_grad_norm);
+  return merged;
+}
+
+LAMBOptions merge_options(const LAMBOptions& user, const LAMBOptions& defaults) {
+  const LAMBOptions fresh;
+  LAMBOptions merged = user;
+  TORCHSPEED_INHERIT(lr);
+  TORCHSPEED_INHERIT(betas);
+  TORCHSPEED_INHERIT(eps);
+  TORCHSPEED_INHERIT(weight_decay);
+  TORCHSPEED_INHERIT(maximize);
+  TORCHSPEED_INHERIT(master_weights);
+  TORCHSPEED_INHERIT(max_grad_norm);
+  return merged;
+}
+
+SGDOptions merge_options(const SGDOptions& user, const SGDOptions& defaults) {
+  // SGDOptions has no default lr: a group's lr is always its own.
+  const SGDOptions fresh(user.lr());
+  SGDOptions merged = user;
+  TORCHSPEED_INHERIT(momentum);
+  TORCHSPEED_INHERIT(dampening);
+  TORCHSPEED_INHERIT(weight_decay);
+  TORCHSPEED_INHERIT(nesterov);
+  TORCHSPEED_INHERIT(maximize);
+  TORCHSPEED_INHERIT(master_weights);
+  TORCHSPEED_INHERIT(max_grad_norm);
+  return merged;
+}
+#undef TORCHSPEED_INHERIT
+
+template <typename Options>
+void restore_group_options(const char* name, Optimizer& self,
+                           const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                           const Options& defaults) {
+  TORCH_INTERNAL_ASSERT(self.param_groups().size() == groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (!groups[i].has_options()) continue;
+    const auto* user = dynamic_cast<const Options*>(&groups[i].options());
+    TORCH_CHECK(user != nullptr, "torchspeed.optim.", name, ": param_groups[", i,
+                "] must carry torchspeed::optim::", name, "Options, got another options type");
+    self.param_groups()[i].set_options(std::make_unique<Options>(merge_options(*user, defaults)));
+  }
+}
+
+}  // namespace
+
+// ---- options and state: constructors, accessors, (de)serialization ------------------------------
+
+AdamOptions::AdamOptions(double lr) : lr_(lr) {}
+AdamWOptions::AdamWOptions(double lr) : lr_(lr) {}
+SGDOptions::SGDOptions(double lr) : lr_(lr) {}
+LionOptions::LionOptions(double lr) : lr_(lr) {}
+LAMBOptions::LAMBOptions(double lr) : lr_(lr) {}
+
+double AdamOptions::get_lr() const { return lr(); }
+void AdamOptions::set_lr(const double lr) { this->lr(lr); }
+double AdamWOptions::get_lr() const { return lr(); }
+void AdamWOptions::set_lr(const double lr) { this->lr(lr); }
+double SGDOptions::get_lr() const { return lr(); }
+void SGDOptions::set_lr(const double lr) { this->lr(lr); }
+double LionOptions::get_lr() const { return lr(); }
+void LionOptions::set_lr(const double lr) { this->lr(lr); }
+double LAMBOptions::get_lr() const { return lr(); }
+void LAMBOptions::set_lr(const double lr) { this->lr(lr); }
+
+bool operator==(const AdamOptions& lhs, const AdamOptions& rhs) {
+  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
+         lhs.weight_decay() == rhs.weight_decay() && lhs.amsgrad() == rhs.amsgrad() &&
+         lhs.maximize() == rhs.maximize() &&
+         lhs.decoupled_weight_decay() == rhs.decoupled_weight_decay() &&
+         lhs.master_weights() == rhs.master_weights() && lhs.max_grad_norm() == rhs.max_grad_norm();
+}
+
+bool operator==(const AdamWOptions& lhs, const AdamWOptions& rhs) {
+  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
+         lhs.weight_decay() == rhs.weight_decay() && lhs.amsgrad() == rhs.amsgrad() &&
+         lhs.maximize() == rhs.maximize() && lhs.master_weights() == rhs.master_weights() &&
+         lhs.max_grad_norm() == rhs.max_grad_norm();
+}
+
+bool operator==(const SGDOptions& lhs, const SGDOptions& rhs) {
+  return lhs.lr() == rhs.lr() && lhs.momentum() == rhs.momentum() &&
+         lhs.dampening() == rhs.dampening() && lhs.weight_decay() == rhs.weight_decay() &&
+         lhs.nesterov() == rhs.nesterov() && lhs.maximize() == rhs.maximize() &&
+         lhs.master_weights() == rhs.master_weights() && lhs.max_grad_norm() == rhs.max_grad_norm();
+}
+
+bool operator==(const LionOptions& lhs, const LionOptions& rhs) {
+  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() &&
+         lhs.weight_decay() == rhs.weight_decay() && lhs.maximize() == rhs.maximize() &&
+         lhs.master_weights() == rhs.master_weights() && lhs.max_grad_norm() == rhs.max_grad_norm();
+}
+
+bool operator==(const LAMBOptions& lhs, const LAMBOptions& rhs) {
+  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
+         lhs.weight_decay() == rhs.weight_decay() && lhs.maximize() == rhs.maximize() &&
+         lhs.master_weights() == rhs.master_weights() && lhs.max_grad_norm() == rhs.max_grad_norm();
+}
+
+void AdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(decoupled_weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
+}
+
+void AdamOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, decoupled_weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(double, max_grad_norm);
+}
+
+void AdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
+}
+
+void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(double, max_grad_norm);
+}
+
+void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(dampening);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
+}
+
+void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, dampening);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(double, max_grad_norm);
+}
+
+void LionOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
+}
+
+void LionOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(double, max_grad_norm);
+}
+
+void LAMBOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
+}
+
+void LAMBOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(double, max_grad_norm);
+}
+
+void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master);
+}
+
+void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, max_exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, master);
+}
+
+void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master);
+}
+
+void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, momentum_buffer);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, master);
+}
+
+void LionParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master);
+}
+
+void LionParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, master);
+}
+
+void LAMBParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master);
+}
+
+void LAMBParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, master);
+}
+
+// ---- optimizers ---------------------------------------------------------------------------------
+
+Adam::Adam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdamOptions defaults)
+    : Optimizer(param_groups, std::make_unique<AdamOptions>(defaults)) {
+  restore_group_options("Adam", *this, param_groups, defaults);
+  check_adam_options("Adam", defaults);
+  check_params("Adam", *this);
+}
+
+torch::Tensor Adam::step(LossClosure closure) {
+  return adam_family_step<AdamOptions>(*this, "Adam", closure);
+}
+
+void Adam::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<AdamParamState, AdamOptions>(archive, *this);
+}
+
+void Adam::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<AdamParamState, AdamOptions>(archive, *this);
+}
+
+AdamW::AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+             AdamWOptions defaults)
+    : Optimizer(param_groups, std::make_unique<AdamWOptions>(defaults)) {
+  restore_group_options("AdamW", *this, param_groups, defaults);
+  check_adam_options("AdamW", defaults);
+  check_params("AdamW", *this);
+}
+
+torch::Tensor AdamW::step(LossClosure closure) {
+  return adam_family_step<AdamWOptions>(*this, "AdamW", closure);
+}
+
+void AdamW::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
+}
+
+void AdamW::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
+}
+
+SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
+    : Optimizer(param_groups, std::make_unique<SGDOptions>(defaults)) {
+  restore_group_options("SGD", *this, param_groups, defaults);
+  check_common_options("SGD", defaults.lr(), defaults.weight_decay(), defaults.max_grad_norm());
+  TORCH_CHECK(defaults.momentum() >= 0, "torchspeed.optim.SGD: momentum must be >= 0, got ",
+              defaults.momentum());
+  TORCH_CHECK(!defaults.nesterov() || (defaults.momentum() > 0 && defaults.dampening() == 0),
+              "torchspeed.optim.SGD: nesterov requires a momentum and zero dampening, got "
+              "momentum ",
+              defaults.momentum(), " and dampening ", defaults.dampening());
+  check_params("SGD", *this);
+}
+
+torch::Tensor SGD::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  check_step_inputs("SGD", *this);
+  const OptTensor coef = clip_coef<SGDOptions>("SGD", *this);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchspeed::sgd_step_", "")
+                       .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                                   at::TensorList, at::TensorList, double, double, double, double,
+                                   bool, bool, bool, const OptTensor&, const OptTensor&,
+                                   const OptTensor&, const OptTensor&, double)>();
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const SGDOptions&>(group.options());
+    const bool with_momentum = o.momentum() != 0;
+    for (const auto& by_master : master_buckets(group.params(), o.master_weights())) {
+      // Params without a momentum buffer yet start it from their grad (first_step = true).
+      std::vector<std::vector<at::Tensor>> buckets;
+      if (with_momentum) {
+        std::vector<at::Tensor> fresh, old;
+        for (const auto& p : by_master) (has_buffer(*this, p) ? old : fresh).push_back(p);
+        for (auto* b : {&fresh, &old}) {
+          if (!b->empty()) buckets.push_back(std::move(*b));
+        }
+      } else {
+        buckets.push_back(by_master);
+      }
+      for (const auto& bucket : buckets) {
+        const bool first_step = with_momentum && !has_buffer(*this, bucket[0]);
+        std::vector<at::Tensor> grads, buffers, masters;
+        for (const auto& p : bucket) {
+          const bool master = wants_master(o.master_weights(), p);
+          auto& s = sgd_state(*this, p, master);
+          grads.push_back(contiguous_grad(p));
+          if (with_momentum) {
+            if (!s.momentum_buffer().defined()) s.momentum_buffer(fp32_zeros_like(p));
+            buffers.push_back(s.momentum_buffer());
+          }
+          if (master) masters.push_back(s.master());
+        }
+        op.call(bucket, grads, buffers, masters, {}, {}, o.lr(), o.momentum(), o.dampening(),
+                o.weight_decay(), o.nesterov(), o.maximize(), first_step, std::nullopt,
+                std::nullopt, std::nullopt, coef, 0.0);
+      }
+    }
+  }
+  return loss;
+}
+
+void SGD::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+}
+
+void SGD::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+}
+
+Lion::Lion(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LionOptions defaults)
+    : Optimizer(param_groups, std::make_unique<LionOptions>(defaults)) {
+  restore_group_options("Lion", *this, param_groups, defaults);
+  check_lion_family_options("Lion", defaults);
+  check_params("Lion", *this);
+}
+
+torch::Tensor Lion::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  check_step_inputs("Lion", *this);
+  const OptTensor coef = clip_coef<LionOptions>("Lion", *this);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchspeed::lion_step_", "")
+                       .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                                   at::TensorList, at::TensorList, at::TensorList, double, double,
+                                   double, double, bool, const OptTensor&, const OptTensor&,
+                                   const OptTensor&, const OptTensor&, double)>();
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const LionOptions&>(group.options());
+    for (const auto& bucket : master_buckets(group.params(), o.master_weights())) {
+      std::vector<at::Tensor> grads, exp_avgs, masters, steps;
+      for (const auto& p : bucket) {
+        const bool master = wants_master(o.master_weights(), p);
+        auto& s = lion_state(*this, p, master);
+        grads.push_back(contiguous_grad(p));
+        exp_avgs.push_back(s.exp_avg());
+        if (master) masters.push_back(s.master());
+        steps.push_back(s.step());
+      }
+      op.call(bucket, grads, exp_avgs, masters, steps, {}, {}, o.lr(), std::get<0>(o.betas()),
+              std::get<1>(o.betas()), o.weight_decay(), o.maximize(), std::nullopt, std::nullopt,
+              std::nullopt, coef, 0.0);
+    }
+  }
+  return loss;
+}
+
+void Lion::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
+}
+
+void Lion::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
+}
+
+LAMB::LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LAMBOptions defaults)
+    : Optimizer(param_groups, std::make_unique<LAMBOptions>(defaults)) {
+  restore_group_options("LAMB", *this, param_groups, defaults);
+  check_lion_family_options("LAMB", defaults);
+  TORCH_CHECK(defaults.eps() >= 0, "torchspeed.optim.LAMB: eps must be >= 0, got ", defaults.eps());
+  check_params("LAMB", *this);
+}
+
+torch::Tensor LAMB::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  check_step_inputs("LAMB", *this);
+  const OptTensor coef = clip_coef<LAMBOptions>("LAMB", *this);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchspeed::lamb_step_", "")
+                       .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                                   at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                                   double, double, double, double, double, bool, const OptTensor&,
+                                   const OptTensor&, const OptTensor&, const OptTensor&, double)>();
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const LAMBOptions&>(group.options());
+    for (const auto& bucket : master_buckets(group.params(), o.master_weights())) {
+      std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, masters, steps;
+      for (const auto& p : bucket) {
+        const bool master = wants_master(o.master_weights(), p);
+        auto& s = lamb_state(*this, p, master);
+        grads.push_back(contiguous_grad(p));
+        exp_avgs.push_back(s.exp_avg());
+        exp_avg_sqs.push_back(s.exp_avg_sq());
+        if (master) masters.push_back(s.master());
+        steps.push_back(s.step());
+      }
+      op.call(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {}, o.lr(),
+              std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+              o.maximize(), std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
+    }
+  }
+  return loss;
+}
+
+void LAMB::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<LAMBParamState, LAMBOptions>(archive, *this);
+}
+
+void LAMB::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<LAMBParamState, LAMBOptions>(archive, *this);
+}
+
+}  // namespace torchspeed::optim

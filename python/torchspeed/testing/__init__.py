@@ -1,0 +1,1 @@
+"""Helpers shared by torchspeed's tests and benchmarks."""

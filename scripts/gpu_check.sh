@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The one prepared GPU check (run from the repo root on the GPU machine, < 8 minutes, no network):
+# build with CUDA, print build info, run the CUDA + optimizer tests and the CUDA benches, tee
+# everything to $TORCHSPEED_RESULTS_DIR/gpu_check.log and end with a pass/fail table. A failed
+# step does not stop the others; the exit status is non-zero if any step failed.
+#   scripts/gpu_check.sh
+#   TORCHSPEED_RESULTS_DIR=/tmp/out TORCHSPEED_CUDA_ARCH=90 scripts/gpu_check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RESULTS="${TORCHSPEED_RESULTS_DIR:-./gpu_results}"
+mkdir -p "$RESULTS"
+RESULTS="$(cd "$RESULTS" && pwd)"
+export TORCHSPEED_RESULTS_DIR="$RESULTS"  # the benches write their JSON here
+LOG="$RESULTS/gpu_check.log"
+: >"$LOG"
+exec > >(tee -a "$LOG") 2>&1
+
+PYTHON="${PYTHON:-python}"
+ARCH="${TORCHSPEED_CUDA_ARCH:-90}"
+T0=$(date +%s)
+declare -a NAMES=() STATUS=() SECONDS_TAKEN=()
+FAILED=0
+
+BUDGET_S="${TORCHSPEED_GPU_CHECK_BUDGET_S:-460}"  # whole script, kept under 8 minutes
+
+# step NAME TIMEOUT_S CMD... : runs CMD under `timeout` (capped by what is left of BUDGET_S),
+# records pass/fail and wall time.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  local left=$((BUDGET_S - ($(date +%s) - T0)))
+  if ((left < 10)); then
+    NAMES+=("$name")
+    STATUS+=("NOT RUN (time budget)")
+    SECONDS_TAKEN+=(0)
+    FAILED=1
+    echo "==== [$name] not run: ${left}s left of the ${BUDGET_S}s budget"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
+  echo
+  echo "==== [$name] $* (timeout ${limit}s)"
+  local start rc=0
+  start=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" || rc=$?
+  local took=$(($(date +%s) - start))
+  local status="pass"
+  if ((rc == 124 || rc == 137)); then
+    status="TIMEOUT"
+  elif ((rc != 0)); then
+    status="FAIL($rc)"
+  fi
+  [[ "$status" == "pass" ]] || FAILED=1
+  NAMES+=("$name")
+  STATUS+=("$status")
+  SECONDS_TAKEN+=("$took")
+  echo "==== [$name] $status in ${took}s"
+}
+
+skip() {
+  NAMES+=("$1")
+  STATUS+=("skipped: $2")
+  SECONDS_TAKEN+=(0)
+  echo "==== [$1] skipped: $2"
+}
+
+echo "==== torchspeed gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) in $(pwd)"
+nvidia-smi -L || echo "nvidia-smi -L failed"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+command -v nvcc >/dev/null && nvcc --version | tail -n 2 || echo "nvcc not on PATH"
+cmake --version 2>/dev/null | head -n 1 || echo "cmake not on PATH"
+"$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda, "| devices", torch.cuda.device_count())'
+
+# ---- build ----------------------------------------------------------------------------------------
+# TORCHSPEED_GPU_CMAKE_ARGS: extra -D options for this machine (e.g. -DTORCHSPEED_WITH_DATA=OFF).
+build() {  # extra cmake args...
+  local cmd=(env TORCHSPEED_WITH_CUDA=ON MAX_JOBS=16
+    CMAKE_ARGS="-DTORCHSPEED_CUDA_ARCHITECTURES=$ARCH ${TORCHSPEED_GPU_CMAKE_ARGS:-} $*")
+  if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+    # No network on the GPU machine: --no-deps and no build isolation are required.
+    "${cmd[@]}" "$PYTHON" -m pip install --no-build-isolation --no-deps -v -e .
+  else
+    "${cmd[@]}" "$PYTHON" setup.py develop
+  fi
+}
+export -f build
+export ARCH PYTHON
+step build 180 bash -c 'build "$@"' build
+if [[ "${STATUS[-1]}" != pass ]]; then
+  # The GPU machine may lack libpng/libjpeg-turbo headers: the CUDA parts do not need the loader.
+  step build_without_data 150 bash -c 'build "$@"' build -DTORCHSPEED_WITH_DATA=OFF
+  [[ "${STATUS[-1]}" == pass ]] && FAILED=0 && STATUS[-2]="failed; retried without data"
+fi
+
+step info 20 "$PYTHON" -m torchspeed.info
+step with_cuda 10 "$PYTHON" -c 'import torchspeed, sys; print("with_cuda =", torchspeed._C.with_cuda); sys.exit(0 if torchspeed._C.with_cuda else 1)'
+
+# ---- tests ----------------------------------------------------------------------------------------
+step test_cuda 90 "$PYTHON" -m pytest -q -rs tests/python/test_cuda.py
+shopt -s nullglob
+optim_tests=(tests/python/test_ops.py tests/python/test_optim*.py)
+if ((${#optim_tests[@]})); then
+  step test_ops_optim 60 "$PYTHON" -m pytest -q -rs "${optim_tests[@]}"
+else
+  skip test_ops_optim "no tests/python/test_ops.py or test_optim*.py"
+fi
+
+# ---- benches (JSON into $TORCHSPEED_RESULTS_DIR) ---------------------------------------------------
+if [[ -f bench/bench_grad_stats.py ]]; then
+  step bench_grad_stats 30 "$PYTHON" bench/bench_grad_stats.py --device cuda
+else
+  skip bench_grad_stats "bench/bench_grad_stats.py not found"
+fi
+if [[ -f bench/bench_optim.py ]]; then
+  step bench_optim 60 "$PYTHON" bench/bench_optim.py --device cuda
+else
+  skip bench_optim "bench/bench_optim.py not found"
+fi
+
+# ---- summary --------------------------------------------------------------------------------------
+echo
+echo "==== summary (total $(($(date +%s) - T0))s, log $LOG)"
+printf '%-18s %-22s %8s\n' step result seconds
+for i in "${!NAMES[@]}"; do
+  printf '%-18s %-22s %8s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECONDS_TAKEN[$i]}"
+done
+if ((FAILED)); then
+  echo "gpu_check: FAILED"
+  exit 1
+fi
+echo "gpu_check: all passed"

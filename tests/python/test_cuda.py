@@ -1,0 +1,638 @@
+"""torchspeed's CUDA ops: grad_stats against torchspeed's CPU op (tested elsewhere against float64
+references), the fused optimizers against torch.optim on CUDA, GradScaler with injected inf/NaN,
+a full AMP step under torch.cuda.set_sync_debug_mode("error"), and opcheck of every CUDA op.
+
+Every test is skipped with its reason without a CUDA device or without a CUDA build.
+TORCHSPEED_CUDA_TESTS_ON_CPU=1 runs the same comparisons with the "CUDA" side on the CPU, which
+checks this file itself on a machine without a GPU (it proves nothing about the CUDA kernels).
+"""
+
+import os
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import torchspeed
+
+_ON_CPU = os.environ.get("TORCHSPEED_CUDA_TESTS_ON_CPU") == "1"
+DEV = "cpu" if _ON_CPU else "cuda"
+
+if not _ON_CPU:
+    pytestmark = [
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        pytest.mark.skipif(
+            not getattr(torchspeed._C, "with_cuda", False), reason="torchspeed built without CUDA"
+        ),
+    ]
+
+needs_real_cuda = pytest.mark.skipif(_ON_CPU, reason="needs a CUDA device (CPU dry run)")
+
+OPS = ["grad_stats", "grad_stats_unscale_", "adam_step_", "sgd_step_", "lion_step_", "lamb_step_"]
+FP32 = dict(rtol=1e-5, atol=1e-6)
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(shape, dtype, seed, scale=1.0):
+    """Deterministic values made on the CPU, so the CPU and device inputs are identical."""
+    return (torch.randn(shape, generator=_gen(seed), dtype=torch.float64) * scale).to(dtype)
+
+
+def _grad_stats_inputs(dtype):
+    sizes = [0, 1, 65537, 3_000_000, 3, 65536, 4097]
+    sizes += [1 + i % 7 for i in range(300)]  # many tiny tensors: several launches
+    return [_randn((n,), dtype, seed=i) for i, n in enumerate(sizes)]
+
+
+def _tol(dtype):
+    return dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+
+
+# ---- registration ----------------------------------------------------------------------------------
+
+
+@needs_real_cuda
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_kernel_registered(op):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"torchspeed::{op}", "CUDA"), (
+        f"torchspeed._C.with_cuda is True but torchspeed::{op} has no CUDA kernel"
+    )
+
+
+# ---- grad_stats ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("per_tensor", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grad_stats_matches_cpu_op(dtype, per_tensor):
+    cpu = _grad_stats_inputs(dtype)
+    dev = [t.to(DEV, copy=True) for t in cpu]
+    ref = torchspeed.ops.grad_stats(cpu, per_tensor=per_tensor)
+    out = torchspeed.ops.grad_stats(dev, per_tensor=per_tensor)
+    for r, o in zip(ref, out):
+        assert o.device.type == DEV and o.dtype == torch.float32
+        assert o.shape == r.shape
+    assert_close(out.total_norm.cpu(), ref.total_norm, **_tol(dtype))
+    assert_close(out.per_tensor_norms.cpu(), ref.per_tensor_norms, **_tol(dtype))
+    assert out.found_inf.item() == 0.0
+    assert out.per_tensor_norms.shape == ((len(cpu),) if per_tensor else (0,))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grad_stats_unscale_matches_cpu_op(dtype):
+    cpu = _grad_stats_inputs(dtype)
+    dev = [t.to(DEV, copy=True) for t in cpu]
+    inv = torch.full((1,), 1.0 / 1024.0)
+    ref = torchspeed.ops.grad_stats(cpu, inv_scale=inv, per_tensor=True)
+    out = torchspeed.ops.grad_stats(dev, inv_scale=inv.to(DEV), per_tensor=True)
+    assert_close(out.total_norm.cpu(), ref.total_norm, **_tol(dtype))
+    assert_close(out.per_tensor_norms.cpu(), ref.per_tensor_norms, **_tol(dtype))
+    for c, d in zip(cpu, dev):  # x * inv_scale rounds the same way on both
+        assert_close(d.cpu(), c, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+@pytest.mark.parametrize("where", ["big_last", "big_first", "tiny", "unaligned"])
+def test_grad_stats_flags_non_finite(dtype, bad, where):
+    ts = [_randn((n,), dtype, seed=n) for n in (3_000_000, 5, 70_001)]
+    if where == "big_last":
+        ts[0][-1] = bad
+    elif where == "big_first":
+        ts[0][0] = bad
+    elif where == "tiny":
+        ts[1][2] = bad
+    else:
+        ts[2][65_537] = bad
+    dev = [t.to(DEV) for t in ts]
+    if where == "unaligned":
+        dev[2] = dev[2][1:]  # storage offset 1: the guarded element-wise path
+    out = torchspeed.ops.grad_stats(dev)
+    assert out.found_inf.item() == 1.0
+    assert not torch.isfinite(out.total_norm).item()
+    # unscale: flagged as well, and the check looks at the values before the multiply
+    out = torchspeed.ops.grad_stats(dev, inv_scale=torch.full((1,), 0.5, device=DEV))
+    assert out.found_inf.item() == 1.0
+
+
+def test_grad_stats_non_finite_checked_before_unscale():
+    t = torch.tensor([3e38, 1.0], device=DEV)
+    out = torchspeed.ops.grad_stats([t], inv_scale=torch.full((1,), 10.0, device=DEV))
+    assert out.found_inf.item() == 0.0  # finite before unscaling, like torch's AMP unscale
+    assert torch.isinf(t[0]).item()
+
+
+def test_grad_stats_unaligned_and_non_contiguous():
+    base = _randn((70_003,), torch.float32, seed=5)
+    mat = _randn((300, 301), torch.bfloat16, seed=6)
+    cpu = [base[1:], base[3:65_540], mat.t(), mat[:, ::2]]
+    dev_base, dev_mat = base.to(DEV, copy=True), mat.to(DEV, copy=True)
+    dev = [dev_base[1:], dev_base[3:65_540], dev_mat.t(), dev_mat[:, ::2]]
+    ref = torchspeed.ops.grad_stats(cpu, per_tensor=True)
+    out = torchspeed.ops.grad_stats(dev, per_tensor=True)
+    assert_close(out.per_tensor_norms.cpu(), ref.per_tensor_norms, **FP32)
+    inv = torch.full((1,), 0.25)
+    torchspeed.ops.grad_stats(cpu, inv_scale=inv)
+    torchspeed.ops.grad_stats(dev, inv_scale=inv.to(DEV))
+    assert_close(dev_base.cpu(), base, rtol=0, atol=0)
+    assert_close(dev_mat.cpu(), mat, rtol=0, atol=0)
+
+
+@needs_real_cuda
+def test_grad_stats_int64_indexing_past_2_pow_31():
+    n = 2**31 + 4099  # element offsets past int32 (4.3 GB of bf16)
+    free, _ = torch.cuda.mem_get_info()
+    if free < 3 * n * 2:
+        pytest.skip(f"needs {3 * n * 2 / 2**30:.1f} GiB of free GPU memory, has {free / 2**30:.1f}")
+    t = torch.ones(n, dtype=torch.bfloat16, device=DEV)
+    t[-1] = 3.0
+    out = torchspeed.ops.grad_stats([t], inv_scale=torch.full((1,), 0.5, device=DEV))
+    assert out.found_inf.item() == 0.0
+    assert_close(out.total_norm.item(), ((n - 1) * 0.25 + 2.25) ** 0.5, rtol=1e-6, atol=0)
+    assert t[-1].item() == 1.5 and t[-4098].item() == 0.5 and t[0].item() == 0.5
+    del t
+    torch.cuda.empty_cache()
+
+
+def test_grad_stats_opcheck():
+    ts = [_randn((n,), torch.float32, seed=n).to(DEV) for n in (0, 1, 65537, 7)]
+    torch.library.opcheck(torch.ops.torchspeed.grad_stats.default, (ts, True))
+    torch.library.opcheck(
+        torch.ops.torchspeed.grad_stats_unscale_.default,
+        (ts, torch.full((1,), 0.5, device=DEV), True),
+    )
+
+
+# ---- optimizers against torch.optim on the same device ---------------------------------------------
+
+SHAPES = [(0,), (1,), (7, 3), (65537,), (300, 301)] + [(3,)] * 40  # > 24 tensors: several launches
+
+
+def _params(dtype=torch.float32, shapes=SHAPES):
+    return [
+        _randn(s, torch.float32, seed=100 + i).to(dtype).to(DEV).requires_grad_()
+        for i, s in enumerate(shapes)
+    ]
+
+
+def _grads(step, shapes=SHAPES, dtype=torch.float32):
+    return [
+        _randn(s, torch.float32, seed=10_000 * step + i).to(dtype).to(DEV)
+        for i, s in enumerate(shapes)
+    ]
+
+
+def _run_pair(ref_cls, ours_cls, steps=20, ref_kw=None, **kw):
+    ref, ours = _params(), _params()
+    ref_opt = ref_cls(ref, **{**kw, **(ref_kw or {})})
+    our_opt = ours_cls(ours, **kw)
+    for step in range(steps):
+        for a, b, g in zip(ref, ours, _grads(step)):
+            a.grad, b.grad = g.clone(), g.clone()
+        ref_opt.step()
+        our_opt.step()
+    return ref, ours, ref_opt, our_opt
+
+
+def _assert_params_and_state(ref, ours, ref_opt, our_opt, keys):
+    for a, b in zip(ref, ours):
+        assert_close(b, a, **FP32)
+        for key in keys:
+            theirs = ref_opt.state[a].get(key)
+            if theirs is None:
+                continue
+            # torch keeps `step` on the CPU unless capturable: compare values, not devices
+            assert_close(our_opt.state[b][key].cpu(), theirs.cpu(), **FP32)
+
+
+@pytest.mark.parametrize("tensor_lr", [False, True])
+@pytest.mark.parametrize("decay", [0.0, 0.1])
+@pytest.mark.parametrize("maximize", [False, True])
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("cls", ["Adam", "AdamW"])
+def test_adam_matches_torch_for_loop(cls, amsgrad, maximize, decay, tensor_lr):
+    lr = torch.tensor(1e-2, device=DEV) if tensor_lr else 1e-2
+    kw = dict(lr=lr, betas=(0.9, 0.99), weight_decay=decay, amsgrad=amsgrad, maximize=maximize)
+    ref, ours, ref_opt, our_opt = _run_pair(
+        getattr(torch.optim, cls),
+        getattr(torchspeed.optim, cls),
+        ref_kw=dict(foreach=False, capturable=tensor_lr and DEV == "cuda"),
+        **kw,
+    )
+    _assert_params_and_state(ref, ours, ref_opt, our_opt, ("exp_avg", "exp_avg_sq", "step"))
+    for b in ours:
+        assert our_opt.state[b]["step"].device.type == DEV
+        assert our_opt.state[b]["step"].item() == 20
+
+
+@pytest.mark.parametrize("maximize", [False, True])
+@pytest.mark.parametrize(
+    "momentum,dampening,nesterov,wd",
+    [
+        (0.0, 0.0, False, 0.0),
+        (0.9, 0.0, False, 0.0),
+        (0.9, 0.1, False, 1e-2),
+        (0.9, 0.0, True, 1e-2),
+    ],
+)
+def test_sgd_matches_torch_for_loop(momentum, dampening, nesterov, wd, maximize):
+    kw = dict(
+        lr=1e-2,
+        momentum=momentum,
+        dampening=dampening,
+        nesterov=nesterov,
+        weight_decay=wd,
+        maximize=maximize,
+    )
+    ref, ours, ref_opt, our_opt = _run_pair(
+        torch.optim.SGD, torchspeed.optim.SGD, ref_kw=dict(foreach=False), **kw
+    )
+    _assert_params_and_state(ref, ours, ref_opt, our_opt, ("momentum_buffer",))
+
+
+@pytest.mark.parametrize(
+    "cls,kw",
+    [
+        ("Lion", dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)),
+        ("Lion", dict(lr=1e-3, maximize=True)),
+        ("LAMB", dict(lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01)),
+        ("LAMB", dict(lr=1e-2, maximize=True, eps=1e-8)),
+    ],
+)
+def test_lion_lamb_match_cpu_op(cls, kw):
+    """torch.optim has no Lion/LAMB: compare against torchspeed's CPU op, itself tested against
+    float64 references in test_optim.py."""
+    opt_cls = getattr(torchspeed.optim, cls)
+    cpu = [_randn(s, torch.float32, seed=100 + i).requires_grad_() for i, s in enumerate(SHAPES)]
+    dev = _params()
+    cpu_opt, dev_opt = opt_cls(cpu, **kw), opt_cls(dev, **kw)
+    for step in range(20):
+        for a, b, g in zip(cpu, dev, _grads(step)):
+            a.grad, b.grad = g.to("cpu", copy=True), g.clone()
+        cpu_opt.step()
+        dev_opt.step()
+    for a, b in zip(cpu, dev):
+        assert_close(b.detach().cpu(), a.detach(), **FP32)
+        for key, value in cpu_opt.state[a].items():
+            assert_close(dev_opt.state[b][key].cpu(), value, **FP32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_params_with_master_match_cpu_and_fp32_torch(dtype):
+    shapes = [(65537,), (33, 17), (5,)]
+    ours = _params(dtype, shapes)
+    cpu = [p.detach().to("cpu", copy=True).requires_grad_() for p in ours]
+    ref = [p.detach().float().requires_grad_() for p in ours]  # fp32 torch on the device
+    our_opt = torchspeed.optim.AdamW(ours, lr=1e-2)
+    cpu_opt = torchspeed.optim.AdamW(cpu, lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref, lr=1e-2, foreach=False)
+    for step in range(20):
+        for a, b, c, g in zip(ref, ours, cpu, _grads(step, shapes, dtype)):
+            a.grad, b.grad, c.grad = g.float(), g.clone(), g.to("cpu", copy=True)
+        ref_opt.step()
+        our_opt.step()
+        cpu_opt.step()
+    for a, b, c in zip(ref, ours, cpu):
+        master = our_opt.state[b]["master"]
+        assert_close(master.cpu(), cpu_opt.state[c]["master"], **FP32)
+        assert_close(b.detach(), master.to(dtype), rtol=0, atol=0)  # param = rounded master
+        assert_close(master, a.detach(), **FP32)  # the master follows fp32 torch.optim.AdamW
+
+
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_mixed_param_grad_dtypes_match_cpu_op(param_dtype, grad_dtype):
+    """Every (param, grad) storage pair of the kernels, through the op (autograd never makes a
+    grad of another dtype, but the op accepts one)."""
+    outs = []
+    for device in ("cpu", DEV):
+        shapes = [(65537,), (7,), (4096,)]
+        ps = [_randn(s, param_dtype, seed=i).to(device) for i, s in enumerate(shapes)]
+        grads = [_randn(s, grad_dtype, seed=20 + i).to(device) for i, s in enumerate(shapes)]
+        masters = [p.float() for p in ps] if param_dtype != torch.float32 else []
+        m = [torch.zeros(s, device=device) for s in shapes]
+        v = [torch.zeros(s, device=device) for s in shapes]
+        steps = [torch.zeros((), device=device) for _ in shapes]
+        for _ in range(3):
+            torch.ops.torchspeed.adam_step_(
+                ps,
+                grads,
+                m,
+                v,
+                [],
+                masters,
+                steps,
+                [],
+                [],
+                lr=1e-2,
+                beta1=0.9,
+                beta2=0.999,
+                eps=1e-8,
+                weight_decay=0.01,
+                amsgrad=False,
+                maximize=False,
+                decoupled_weight_decay=True,
+            )
+        outs.append([t.cpu() for t in ps + masters + m + v + steps])
+    for a, b in zip(*outs):
+        if a.dtype == torch.float32:
+            assert_close(b, a, **FP32)
+        else:  # rounded from masters that agree to an ulp: at most one low-precision ulp apart
+            assert_close(b.float(), a.float(), rtol=1e-2, atol=1e-3)
+
+
+def test_mask_ema_and_clip_match_cpu_op():
+    kw = dict(lr=1e-2, ema_decay=0.9, max_grad_norm=0.5)
+    cpu = [
+        _randn(s, torch.float32, seed=100 + i).requires_grad_() for i, s in enumerate(SHAPES[:5])
+    ]
+    dev = [p.detach().to(DEV, copy=True).requires_grad_() for p in cpu]
+    cpu_opt, dev_opt = torchspeed.optim.AdamW(cpu, **kw), torchspeed.optim.AdamW(dev, **kw)
+    mask = (torch.arange(65537) % 3 != 0).float()
+    for a, b in zip(cpu, dev):  # a mask on every param (ones where no pruning)
+        full = mask if a.numel() == mask.numel() else torch.ones(a.numel())
+        cpu_opt.set_mask(a, full)
+        dev_opt.set_mask(b, full.to(DEV))
+    for step in range(10):
+        for a, b, g in zip(cpu, dev, _grads(step, SHAPES[:5])):
+            a.grad, b.grad = g.cpu(), g.clone()
+        cpu_opt.step()
+        dev_opt.step()
+    for a, b in zip(cpu, dev):
+        assert_close(b.detach().cpu(), a.detach(), **FP32)
+        assert_close(dev_opt.state[b]["ema"].cpu(), cpu_opt.state[a]["ema"], **FP32)
+    assert (dev[3].detach().cpu()[mask == 0] == 0).all()
+
+
+# ---- AMP -------------------------------------------------------------------------------------------
+
+
+def _amp_case(inject, ref_cls, ours_cls, **kw):
+    torch.manual_seed(0)
+    ref_model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
+    )
+    ref_model = ref_model.to(DEV)
+    our_model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
+    )
+    our_model = our_model.to(DEV)
+    our_model.load_state_dict(ref_model.state_dict())
+    ref_kw = dict(foreach=False) if ref_cls is not None else {}
+    ref_opt = ref_cls(ref_model.parameters(), **ref_kw, **kw)
+    our_opt = ours_cls(our_model.parameters(), **kw)
+    scalers = [torch.amp.GradScaler(DEV, init_scale=2.0**10, growth_interval=3) for _ in range(2)]
+    for step in range(12):
+        x = _randn((16, 32), torch.float32, seed=step).to(DEV)
+        for model, opt, scaler in zip((ref_model, our_model), (ref_opt, our_opt), scalers):
+            opt.zero_grad(set_to_none=True)
+            loss = model(x).pow(2).mean()
+            scaler.scale(loss).backward()
+            if step in inject:
+                model[0].weight.grad[1, 2] = inject[step]
+            scaler.step(opt)
+            scaler.update()
+        assert scalers[1].get_scale() == scalers[0].get_scale()
+    return ref_model, our_model, ref_opt, our_opt
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_grad_scaler_skips_like_torch(bad):
+    ref_model, our_model, ref_opt, our_opt = _amp_case(
+        {0: bad, 4: bad, 5: bad}, torch.optim.AdamW, torchspeed.optim.AdamW, lr=1e-2
+    )
+    for a, b in zip(ref_model.parameters(), our_model.parameters()):
+        assert_close(b, a, **FP32)
+        assert our_opt.state[b]["step"].item() == ref_opt.state[a]["step"].item() == 9
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert_close(our_opt.state[b][key], ref_opt.state[a][key], **FP32)
+
+
+def test_grad_scaler_sgd_momentum():
+    ref_model, our_model, ref_opt, our_opt = _amp_case(
+        {3: float("inf")}, torch.optim.SGD, torchspeed.optim.SGD, lr=1e-2, momentum=0.9
+    )
+    for a, b in zip(ref_model.parameters(), our_model.parameters()):
+        assert_close(b, a, **FP32)
+        assert_close(
+            our_opt.state[b]["momentum_buffer"], ref_opt.state[a]["momentum_buffer"], **FP32
+        )
+
+
+@needs_real_cuda
+@pytest.mark.parametrize("cls", ["AdamW", "SGD", "Lion", "LAMB"])
+def test_full_amp_step_never_syncs(cls):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    model = model.to(DEV)
+    kw = dict(lr=1e-3, max_grad_norm=1.0)
+    if cls == "SGD":
+        kw["momentum"] = 0.9
+    opt = getattr(torchspeed.optim, cls)(model.parameters(), **kw)
+    scaler = torch.amp.GradScaler(DEV, init_scale=2.0**8)  # no fp16 overflow in the warm-up
+    xs = [torch.randn(32, 64, device=DEV) for _ in range(4)]
+
+    def amp_step(x, inject=False):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(DEV, dtype=torch.float16):
+            loss = model(x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        if inject:
+            model[0].weight.grad.view(-1)[0:1].fill_(float("inf"))  # a kernel, no host value
+        scaler.step(opt)
+        scaler.update()
+
+    amp_step(xs[0])  # creates the state, the scale and the growth tracker outside the check
+    torch.cuda.synchronize()
+    before = [p.detach().clone() for p in model.parameters()]
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        amp_step(xs[1])
+        amp_step(xs[2], inject=True)
+        amp_step(xs[3])
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    torch.cuda.synchronize()
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    if cls != "SGD":
+        steps = {opt.state[p]["step"].item() for p in model.parameters()}
+        assert steps == {3.0}  # 4 calls, one skipped by the injected inf
+
+
+@needs_real_cuda
+@pytest.mark.parametrize("cls", ["AdamW", "LAMB"])
+def test_step_replays_in_a_cuda_graph(cls):
+    """Device-resident step/lr/scale and no host sync: the fused step can be captured once and
+    replayed; the replays equal eager steps."""
+    shapes = [(65537,), (33, 17), (5,)]
+    eager, graphed = _params(shapes=shapes), _params(shapes=shapes)
+    kw = dict(lr=torch.tensor(1e-2, device=DEV), weight_decay=0.01)
+    eager_opt = getattr(torchspeed.optim, cls)(eager, **kw)
+    graph_opt = getattr(torchspeed.optim, cls)(graphed, **kw)
+    grads = [_grads(step, shapes) for step in range(4)]
+    for a, b, g in zip(eager, graphed, grads[0]):
+        a.grad, b.grad = g.clone(), g.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up creates the state outside the capture
+        eager_opt.step()
+        graph_opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_opt.step()
+    for step in range(1, 4):
+        for a, b, g in zip(eager, graphed, grads[step]):
+            a.grad.copy_(g)
+            b.grad.copy_(g)
+        eager_opt.step()
+        graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, graphed):
+        assert_close(b, a, **FP32)  # LAMB's fp64 atomics may round the trust ratio differently
+        assert graph_opt.state[b]["step"].item() == eager_opt.state[a]["step"].item() == 4
+
+
+# ---- opcheck ---------------------------------------------------------------------------------------
+
+
+def _optim_lists(n_lists, with_steps=True):
+    ps = [_randn(s, torch.float32, seed=i).to(DEV) for i, s in enumerate([(10,), (3, 4), (0,)])]
+    grads = [_randn(p.shape, torch.float32, seed=50 + i).to(DEV) for i, p in enumerate(ps)]
+    states = [[torch.zeros_like(p) for p in ps] for _ in range(n_lists)]
+    steps = [torch.zeros((), device=DEV) for _ in ps] if with_steps else None
+    return ps, grads, states, steps
+
+
+def _scalars():
+    return dict(
+        lr_tensor=torch.full((1,), 1e-3, device=DEV),
+        grad_scale=torch.full((1,), 4.0, device=DEV),
+        found_inf=torch.zeros((1,), device=DEV),
+        clip_coef=torch.full((1,), 0.5, device=DEV),
+    )
+
+
+@pytest.mark.parametrize("scalars", [False, True])
+def test_optim_ops_opcheck(scalars):
+    extra = _scalars() if scalars else {}
+    ps, grads, (m, v, vmax, ema), steps = _optim_lists(4)
+    masks = [torch.ones_like(p) for p in ps]
+    torch.library.opcheck(
+        torch.ops.torchspeed.adam_step_.default,
+        (ps, grads, m, v, vmax, [], steps, masks, ema),
+        dict(
+            lr=1e-3,
+            beta1=0.9,
+            beta2=0.999,
+            eps=1e-8,
+            weight_decay=0.01,
+            amsgrad=True,
+            maximize=False,
+            decoupled_weight_decay=True,
+            ema_decay=0.9,
+            **extra,
+        ),
+    )
+    ps, grads, (buf,), _ = _optim_lists(1, with_steps=False)
+    torch.library.opcheck(
+        torch.ops.torchspeed.sgd_step_.default,
+        (ps, grads, buf, [], [], []),
+        dict(
+            lr=1e-2,
+            momentum=0.9,
+            dampening=0.0,
+            weight_decay=0.0,
+            nesterov=True,
+            maximize=False,
+            first_step=False,
+            **extra,
+        ),
+    )
+    ps, grads, (m,), steps = _optim_lists(1)
+    torch.library.opcheck(
+        torch.ops.torchspeed.lion_step_.default,
+        (ps, grads, m, [], steps, [], []),
+        dict(lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=0.1, maximize=False, **extra),
+    )
+    ps, grads, (m, v), steps = _optim_lists(2)
+    torch.library.opcheck(
+        torch.ops.torchspeed.lamb_step_.default,
+        (ps, grads, m, v, [], steps, [], []),
+        dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01, maximize=False, **extra),
+    )
+
+
+def test_optim_scalars_on_device_match_cpu():
+    """lr_tensor, grad_scale, clip_coef and found_inf read on the device give the CPU op's result."""
+    for found in (0.0, 1.0):
+        outs = []
+        for device in ("cpu", DEV):
+            ps = [
+                _randn(s, torch.float32, seed=i).to(device) for i, s in enumerate([(70_001,), (5,)])
+            ]
+            grads = [
+                _randn(p.shape, torch.float32, seed=9 + i).to(device) * 4 for i, p in enumerate(ps)
+            ]
+            m = [torch.zeros_like(p) for p in ps]
+            v = [torch.zeros_like(p) for p in ps]
+            steps = [torch.full((), 4.0, device=device) for _ in ps]
+            sc = {k: t.to(device) for k, t in _scalars().items()}
+            sc["found_inf"].fill_(found)
+            torch.ops.torchspeed.adam_step_(
+                ps,
+                grads,
+                m,
+                v,
+                [],
+                [],
+                steps,
+                [],
+                [],
+                lr=0.5,
+                beta1=0.9,
+                beta2=0.999,
+                eps=1e-8,
+                weight_decay=0.01,
+                amsgrad=False,
+                maximize=False,
+                decoupled_weight_decay=True,
+                **sc,
+            )
+            outs.append([t.cpu() for t in ps + m + v + steps])
+        for a, b in zip(*outs):
+            assert_close(b, a, **FP32)
+        assert outs[1][-1].item() == (4.0 if found else 5.0)
+
+
+def test_cuda_op_rejects_mixed_devices():
+    if _ON_CPU:
+        pytest.skip("needs a CUDA device (CPU dry run)")
+    p = torch.zeros(4, device=DEV)
+    with pytest.raises(RuntimeError, match="torchspeed.grad_stats: tensors\\[1\\] must be on"):
+        torch.ops.torchspeed.grad_stats([p, torch.zeros(4)], False)
+    with pytest.raises(RuntimeError, match="adam_step_: grads\\[0\\] must be on"):
+        torch.ops.torchspeed.adam_step_(
+            [p],
+            [torch.zeros(4)],
+            [torch.zeros_like(p)],
+            [torch.zeros_like(p)],
+            [],
+            [],
+            [torch.zeros((), device=DEV)],
+            [],
+            [],
+            lr=1e-3,
+            beta1=0.9,
+            beta2=0.999,
+            eps=1e-8,
+            weight_decay=0.0,
+            amsgrad=False,
+            maximize=False,
+            decoupled_weight_decay=True,
+        )
