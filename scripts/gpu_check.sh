@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (run from the repo root on the GPU machine, < 8 minutes, no network):
-# build with CUDA, print build info, run the CUDA + optimizer tests and the CUDA benches, tee
+# build with CUDA, print build info, run the CUDA, optimizer and loader tests and the CUDA benches, tee
 # everything to $TORCHSPEED_RESULTS_DIR/gpu_check.log and end with a pass/fail table. A failed
 # step does not stop the others; the exit status is non-zero if any step failed.
 #   scripts/gpu_check.sh
@@ -116,6 +116,15 @@ if [[ -f bench/bench_optim.py ]]; then
   step bench_optim 60 "$PYTHON" bench/bench_optim.py --device cuda
 else
   skip bench_optim "bench/bench_optim.py not found"
+fi
+
+# ---- loader on the GPU (only when the data part was built) -----------------------------------------
+if "$PYTHON" -c 'import sys, torchspeed._C as C; sys.exit(0 if hasattr(C, "data") else 1)'; then
+  step test_data_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/test_data_loader.py
+  step bench_loader_gpu 90 "$PYTHON" bench/bench_loader_gpu.py --batches 100 --step-ms 20
+else
+  skip test_data_cuda "built without the data part (TORCHSPEED_WITH_DATA=OFF)"
+  skip bench_loader_gpu "built without the data part (TORCHSPEED_WITH_DATA=OFF)"
 fi
 
 # ---- summary --------------------------------------------------------------------------------------
