@@ -15,6 +15,36 @@
 
 namespace torchspeed::optim {
 
+// The fields of each options and state class, listed once. Every per-field function (==, save,
+// load, param-group merge) is generated from these lists: PLAIN(type, name) is an ordinary
+// field, OPT(type, name) a std::optional one, and TENSOR(name) a state tensor.
+// clang-format off
+#define TORCHSPEED_ADAM_FIELDS(PLAIN, OPT)                                                  \
+  PLAIN(double, lr) PLAIN(betas_t, betas) PLAIN(double, eps) PLAIN(double, weight_decay)    \
+  PLAIN(bool, amsgrad) PLAIN(bool, maximize) PLAIN(bool, decoupled_weight_decay)            \
+  OPT(bool, master_weights) OPT(double, max_grad_norm)
+#define TORCHSPEED_ADAMW_FIELDS(PLAIN, OPT)                                                 \
+  PLAIN(double, lr) PLAIN(betas_t, betas) PLAIN(double, eps) PLAIN(double, weight_decay)    \
+  PLAIN(bool, amsgrad) PLAIN(bool, maximize)                                                \
+  OPT(bool, master_weights) OPT(double, max_grad_norm)
+#define TORCHSPEED_SGD_FIELDS(PLAIN, OPT)                                                   \
+  PLAIN(double, lr) PLAIN(double, momentum) PLAIN(double, dampening)                        \
+  PLAIN(double, weight_decay) PLAIN(bool, nesterov) PLAIN(bool, maximize)                   \
+  OPT(bool, master_weights) OPT(double, max_grad_norm)
+#define TORCHSPEED_LION_FIELDS(PLAIN, OPT)                                                  \
+  PLAIN(double, lr) PLAIN(betas_t, betas) PLAIN(double, weight_decay) PLAIN(bool, maximize) \
+  OPT(bool, master_weights) OPT(double, max_grad_norm)
+#define TORCHSPEED_LAMB_FIELDS(PLAIN, OPT)                                                  \
+  PLAIN(double, lr) PLAIN(betas_t, betas) PLAIN(double, eps) PLAIN(double, weight_decay)    \
+  PLAIN(bool, maximize)                                                                     \
+  OPT(bool, master_weights) OPT(double, max_grad_norm)
+#define TORCHSPEED_ADAM_STATE(TENSOR) \
+  TENSOR(step) TENSOR(exp_avg) TENSOR(exp_avg_sq) TENSOR(max_exp_avg_sq) TENSOR(master)
+#define TORCHSPEED_SGD_STATE(TENSOR) TENSOR(momentum_buffer) TENSOR(master)
+#define TORCHSPEED_LION_STATE(TENSOR) TENSOR(step) TENSOR(exp_avg) TENSOR(master)
+#define TORCHSPEED_LAMB_STATE(TENSOR) TENSOR(step) TENSOR(exp_avg) TENSOR(exp_avg_sq) TENSOR(master)
+// clang-format on
+
 namespace {
 
 using torch::optim::Optimizer;
@@ -289,77 +319,29 @@ void check_lion_family_options(const char* name, const Options& o) {
 // torch::optim::Optimizer::add_param_group merges a group's own options with the defaults only
 // for torch's option types and otherwise replaces them by the defaults. This restores them with
 // torch's rule: a field left at its constructor default inherits the optimizer's default.
-#define TORCHSPEED_INHERIT(field) \
-  if (user.field() == fresh.field()) merged.field(defaults.field())
-
-AdamOptions merge_options(const AdamOptions& user, const AdamOptions& defaults) {
-  const AdamOptions fresh;
-  AdamOptions merged = user;
-  TORCHSPEED_INHERIT(lr);
-  TORCHSPEED_INHERIT(betas);
-  TORCHSPEED_INHERIT(eps);
-  TORCHSPEED_INHERIT(weight_decay);
-  TORCHSPEED_INHERIT(amsgrad);
-  TORCHSPEED_INHERIT(maximize);
-  TORCHSPEED_INHERIT(decoupled_weight_decay);
-  TORCHSPEED_INHERIT(master_weights);
-  TORCHSPEED_INHERIT(max_grad_norm);
-  return merged;
-}
-
-AdamWOptions merge_options(const AdamWOptions& user, const AdamWOptions& defaults) {
-  const AdamWOptions fresh;
-  AdamWOptions merged = user;
-  TORCHSPEED_INHERIT(lr);
-  TORCHSPEED_INHERIT(betas);
-  TORCHSPEED_INHERIT(eps);
-  TORCHSPEED_INHERIT(weight_decay);
-  TORCHSPEED_INHERIT(amsgrad);
-  TORCHSPEED_INHERIT(maximize);
-  TORCHSPEED_INHERIT(master_weights);
-  TORCHSPEED_INHERIT(max_grad_norm);
-  return merged;
-}
-
-LionOptions merge_options(const LionOptions& user, const LionOptions& defaults) {
-  const LionOptions fresh;
-  LionOptions merged = user;
-  TORCHSPEED_INHERIT(lr);
-  TORCHSPEED_INHERIT(betas);
-  TORCHSPEED_INHERIT(weight_decay);
-  TORCHSPEED_INHERIT(maximize);
-  TORCHSPEED_INHERIT(master_weights);
-  TORCHSPEED_INHERIT(max_grad_norm);
-  return merged;
-}
-
-LAMBOptions merge_options(const LAMBOptions& user, const LAMBOptions& defaults) {
-  const LAMBOptions fresh;
-  LAMBOptions merged = user;
-  TORCHSPEED_INHERIT(lr);
-  TORCHSPEED_INHERIT(betas);
-  TORCHSPEED_INHERIT(eps);
-  TORCHSPEED_INHERIT(weight_decay);
-  TORCHSPEED_INHERIT(maximize);
-  TORCHSPEED_INHERIT(master_weights);
-  TORCHSPEED_INHERIT(max_grad_norm);
-  return merged;
-}
+#define TORCHSPEED_INHERIT_FIELD(type, name) \
+  if (user.name() == fresh.name()) merged.name(defaults.name());
+#define TORCHSPEED_DEFINE_MERGE(Options, FIELDS)                        \
+  Options merge_options(const Options& user, const Options& defaults) { \
+    const Options fresh;                                                \
+    Options merged = user;                                              \
+    FIELDS(TORCHSPEED_INHERIT_FIELD, TORCHSPEED_INHERIT_FIELD)          \
+    return merged;                                                      \
+  }
+TORCHSPEED_DEFINE_MERGE(AdamOptions, TORCHSPEED_ADAM_FIELDS)
+TORCHSPEED_DEFINE_MERGE(AdamWOptions, TORCHSPEED_ADAMW_FIELDS)
+TORCHSPEED_DEFINE_MERGE(LionOptions, TORCHSPEED_LION_FIELDS)
+TORCHSPEED_DEFINE_MERGE(LAMBOptions, TORCHSPEED_LAMB_FIELDS)
 
 SGDOptions merge_options(const SGDOptions& user, const SGDOptions& defaults) {
-  // SGDOptions has no default lr: a group's lr is always its own.
   const SGDOptions fresh(user.lr());
   SGDOptions merged = user;
-  TORCHSPEED_INHERIT(momentum);
-  TORCHSPEED_INHERIT(dampening);
-  TORCHSPEED_INHERIT(weight_decay);
-  TORCHSPEED_INHERIT(nesterov);
-  TORCHSPEED_INHERIT(maximize);
-  TORCHSPEED_INHERIT(master_weights);
-  TORCHSPEED_INHERIT(max_grad_norm);
+  TORCHSPEED_SGD_FIELDS(TORCHSPEED_INHERIT_FIELD, TORCHSPEED_INHERIT_FIELD)
+  merged.lr(user.lr());  // SGDOptions has no default lr: a group's lr is always its own.
   return merged;
 }
-#undef TORCHSPEED_INHERIT
+#undef TORCHSPEED_DEFINE_MERGE
+#undef TORCHSPEED_INHERIT_FIELD
 
 template <typename Options>
 void restore_group_options(const char* name, Optimizer& self,
@@ -379,214 +361,42 @@ void restore_group_options(const char* name, Optimizer& self,
 
 // ---- options and state: constructors, accessors, (de)serialization ------------------------------
 
-AdamOptions::AdamOptions(double lr) : lr_(lr) {}
-AdamWOptions::AdamWOptions(double lr) : lr_(lr) {}
-SGDOptions::SGDOptions(double lr) : lr_(lr) {}
-LionOptions::LionOptions(double lr) : lr_(lr) {}
-LAMBOptions::LAMBOptions(double lr) : lr_(lr) {}
+#define TORCHSPEED_EQ_FIELD(type, name) &&lhs.name() == rhs.name()
+#define TORCHSPEED_SAVE_FIELD(type, name) _TORCH_OPTIM_SERIALIZE_TORCH_ARG(name)
+#define TORCHSPEED_LOAD_FIELD(type, name) _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(type, name)
+#define TORCHSPEED_LOAD_OPT_FIELD(type, name) \
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(type, name)
+#define TORCHSPEED_DEFINE_OPTIONS(Options, FIELDS)                          \
+  Options::Options(double lr) : lr_(lr) {}                                  \
+  double Options::get_lr() const { return lr(); }                           \
+  void Options::set_lr(const double lr) { this->lr(lr); }                   \
+  bool operator==(const Options& lhs, const Options& rhs) {                 \
+    return true FIELDS(TORCHSPEED_EQ_FIELD, TORCHSPEED_EQ_FIELD);           \
+  }                                                                         \
+  void Options::serialize(torch::serialize::OutputArchive& archive) const { \
+    FIELDS(TORCHSPEED_SAVE_FIELD, TORCHSPEED_SAVE_FIELD)                    \
+  }                                                                         \
+  void Options::serialize(torch::serialize::InputArchive& archive) {        \
+    FIELDS(TORCHSPEED_LOAD_FIELD, TORCHSPEED_LOAD_OPT_FIELD)                \
+  }
+TORCHSPEED_DEFINE_OPTIONS(AdamOptions, TORCHSPEED_ADAM_FIELDS)
+TORCHSPEED_DEFINE_OPTIONS(AdamWOptions, TORCHSPEED_ADAMW_FIELDS)
+TORCHSPEED_DEFINE_OPTIONS(SGDOptions, TORCHSPEED_SGD_FIELDS)
+TORCHSPEED_DEFINE_OPTIONS(LionOptions, TORCHSPEED_LION_FIELDS)
+TORCHSPEED_DEFINE_OPTIONS(LAMBOptions, TORCHSPEED_LAMB_FIELDS)
 
-double AdamOptions::get_lr() const { return lr(); }
-void AdamOptions::set_lr(const double lr) { this->lr(lr); }
-double AdamWOptions::get_lr() const { return lr(); }
-void AdamWOptions::set_lr(const double lr) { this->lr(lr); }
-double SGDOptions::get_lr() const { return lr(); }
-void SGDOptions::set_lr(const double lr) { this->lr(lr); }
-double LionOptions::get_lr() const { return lr(); }
-void LionOptions::set_lr(const double lr) { this->lr(lr); }
-double LAMBOptions::get_lr() const { return lr(); }
-void LAMBOptions::set_lr(const double lr) { this->lr(lr); }
-
-bool operator==(const AdamOptions& lhs, const AdamOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
-         lhs.weight_decay() == rhs.weight_decay() && lhs.amsgrad() == rhs.amsgrad() &&
-         lhs.maximize() == rhs.maximize() &&
-         lhs.decoupled_weight_decay() == rhs.decoupled_weight_decay() &&
-         lhs.master_weights() == rhs.master_weights() && lhs.max_grad_norm() == rhs.max_grad_norm();
-}
-
-bool operator==(const AdamWOptions& lhs, const AdamWOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
-         lhs.weight_decay() == rhs.weight_decay() && lhs.amsgrad() == rhs.amsgrad() &&
-         lhs.maximize() == rhs.maximize() && lhs.master_weights() == rhs.master_weights() &&
-         lhs.max_grad_norm() == rhs.max_grad_norm();
-}
-
-bool operator==(const SGDOptions& lhs, const SGDOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.momentum() == rhs.momentum() &&
-         lhs.dampening() == rhs.dampening() && lhs.weight_decay() == rhs.weight_decay() &&
-         lhs.nesterov() == rhs.nesterov() && lhs.maximize() == rhs.maximize() &&
-         lhs.master_weights() == rhs.master_weights() && lhs.max_grad_norm() == rhs.max_grad_norm();
-}
-
-bool operator==(const LionOptions& lhs, const LionOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() &&
-         lhs.weight_decay() == rhs.weight_decay() && lhs.maximize() == rhs.maximize() &&
-         lhs.master_weights() == rhs.master_weights() && lhs.max_grad_norm() == rhs.max_grad_norm();
-}
-
-bool operator==(const LAMBOptions& lhs, const LAMBOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
-         lhs.weight_decay() == rhs.weight_decay() && lhs.maximize() == rhs.maximize() &&
-         lhs.master_weights() == rhs.master_weights() && lhs.max_grad_norm() == rhs.max_grad_norm();
-}
-
-void AdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(decoupled_weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
-}
-
-void AdamOptions::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, decoupled_weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(double, max_grad_norm);
-}
-
-void AdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
-}
-
-void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(double, max_grad_norm);
-}
-
-void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(dampening);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
-}
-
-void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, dampening);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(double, max_grad_norm);
-}
-
-void LionOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
-}
-
-void LionOptions::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(double, max_grad_norm);
-}
-
-void LAMBOptions::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_weights);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_grad_norm);
-}
-
-void LAMBOptions::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, master_weights);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(double, max_grad_norm);
-}
-
-void AdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master);
-}
-
-void AdamParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, step);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, max_exp_avg_sq);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, master);
-}
-
-void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master);
-}
-
-void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, momentum_buffer);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, master);
-}
-
-void LionParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master);
-}
-
-void LionParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, step);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, master);
-}
-
-void LAMBParamState::serialize(torch::serialize::OutputArchive& archive) const {
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
-  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master);
-}
-
-void LAMBParamState::serialize(torch::serialize::InputArchive& archive) {
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, step);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq);
-  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, master);
-}
+// State tensors: an undefined tensor (e.g. no master) is not written, and stays undefined on load.
+#define TORCHSPEED_SAVE_TENSOR(name) _TORCH_OPTIM_SERIALIZE_TORCH_ARG(name)
+#define TORCHSPEED_LOAD_TENSOR(name) _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, name)
+#define TORCHSPEED_DEFINE_STATE(State, TENSORS)                           \
+  void State::serialize(torch::serialize::OutputArchive& archive) const { \
+    TENSORS(TORCHSPEED_SAVE_TENSOR)                                       \
+  }                                                                       \
+  void State::serialize(torch::serialize::InputArchive& archive) { TENSORS(TORCHSPEED_LOAD_TENSOR) }
+TORCHSPEED_DEFINE_STATE(AdamParamState, TORCHSPEED_ADAM_STATE)
+TORCHSPEED_DEFINE_STATE(SGDParamState, TORCHSPEED_SGD_STATE)
+TORCHSPEED_DEFINE_STATE(LionParamState, TORCHSPEED_LION_STATE)
+TORCHSPEED_DEFINE_STATE(LAMBParamState, TORCHSPEED_LAMB_STATE)
 
 // ---- optimizers ---------------------------------------------------------------------------------
 

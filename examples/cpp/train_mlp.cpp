@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   std::cout << "torchspeed " << torchspeed::version() << ", device " << device << ", CPU ISA "
             << torchspeed::cpu_isa() << "\n";
   const int64_t batch = 256;
+  double first_loss = 0, last_loss = 0;
   for (int step = 1; step <= steps; ++step) {
     const auto idx =
         torch::randint(x.size(0), {batch}, torch::TensorOptions(device).dtype(torch::kLong));
@@ -54,11 +55,19 @@ int main(int argc, char** argv) {
     if (step == 1 || step % 50 == 0) {
       torch::NoGradGuard no_grad;
       const double full = torch::mse_loss(model->forward(x), y).item<double>();
+      if (step == 1) first_loss = full;
+      last_loss = full;
       std::cout << "step " << std::setw(4) << step << "  loss " << std::fixed
                 << std::setprecision(5) << full << "\n";
     }
   }
   torch::serialize::OutputArchive archive;
   optimizer.save(archive);  // the fused state saves like torch::optim's
+  // CI runs this example: training must at least halve the loss.
+  if (!(last_loss < 0.5 * first_loss)) {
+    std::cout << "FAILED: loss went from " << first_loss << " to " << last_loss << "\n";
+    return 1;
+  }
+  std::cout << "loss " << first_loss << " -> " << last_loss << ": OK\n";
   return 0;
 }
