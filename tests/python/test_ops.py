@@ -147,3 +147,15 @@ def test_cpp_entry_point_and_info():
     assert data["torch_built_against"] == torch.__version__
     assert data["cpu_isa_selected"] in data["cpu_isas_compiled"]
     assert torchspeed._C.version() == torchspeed.__version__
+
+
+def test_info_features_tell_the_truth():
+    from torchspeed import _C, info
+
+    features = info.collect()["features"]
+    has_data = hasattr(_C, "data")
+    assert ("data" in features) == has_data
+    assert ("jpeg" in features) == (has_data and _C.data.with_jpeg)
+    # at::parallel_for only runs in parallel in code built with OpenMP when torch uses OpenMP.
+    if "OpenMP" in torch.__config__.parallel_info():
+        assert "openmp" in features
