@@ -23,6 +23,19 @@ inline bool is_param_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
 }
 
+/// The kernels treat every per-param tensor as flat memory, so a state tensor must lie in memory
+/// like its param: both contiguous, or the same sizes and strides (e.g. channels_last).
+inline bool laid_out_like(const at::Tensor& t, const at::Tensor& p) {
+  return (t.is_contiguous() && p.is_contiguous()) ||
+         (t.sym_sizes() == p.sym_sizes() && t.sym_strides() == p.sym_strides());
+}
+
+/// The grad in its param's memory layout (itself when it already is).
+inline at::Tensor grad_like_param(const at::Tensor& g, const at::Tensor& p) {
+  if (laid_out_like(g, p)) return g;
+  return at::empty_like(p, p.options().dtype(g.scalar_type())).copy_(g);
+}
+
 /// Validates params, grads, the float32 state lists, steps and the scalar tensors of one step.
 /// Returns the params' device.
 inline at::Device check_optim_args(
@@ -45,8 +58,9 @@ inline at::Device check_optim_args(
                 "] must be float32, bfloat16 or float16, got ", p.scalar_type());
     TORCH_CHECK(p.device() == device, "torchspeed.", op, ": params[", i, "] must be on ", device,
                 " like params[0], got ", p.device());
-    TORCH_CHECK(p.is_contiguous(), "torchspeed.", op, ": params[", i,
-                "] must be contiguous, got strides ", p.strides());
+    TORCH_CHECK(p.is_non_overlapping_and_dense(), "torchspeed.", op, ": params[", i,
+                "] must be contiguous in some memory format (dense, non-overlapping), got sizes ",
+                p.sizes(), " and strides ", p.strides());
     TORCH_CHECK(g.defined(), "torchspeed.", op, ": grads[", i, "] must be a tensor, got None");
     TORCH_CHECK(g.layout() == at::kStrided, "torchspeed.", op, ": grads[", i,
                 "] must be dense; sparse gradients are not supported, got layout ", g.layout());
@@ -65,17 +79,19 @@ inline at::Device check_optim_args(
                 s.optional ? " or be empty" : "", ", got ", s.list.size());
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& t = s.list[i];
-      TORCH_CHECK(t.defined() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat &&
-                      t.is_contiguous(),
-                  "torchspeed.", op, ": ", s.name, "[", i,
-                  "] must be a contiguous float32 tensor, got ",
-                  t.defined() ? c10::str(t.scalar_type(), " ", t.layout(), " strides ", t.strides())
-                              : std::string("None"));
+      TORCH_CHECK(t.defined() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat,
+                  "torchspeed.", op, ": ", s.name, "[", i, "] must be a float32 tensor, got ",
+                  t.defined() ? c10::str(t.scalar_type(), " ", t.layout()) : std::string("None"));
       TORCH_CHECK(t.device() == device, "torchspeed.", op, ": ", s.name, "[", i, "] must be on ",
                   device, " like params[0], got ", t.device());
       TORCH_CHECK(t.sym_numel() == params[i].sym_numel(), "torchspeed.", op, ": ", s.name, "[", i,
                   "] must have ", params[i].sym_numel(), " elements like params[", i, "], got ",
                   t.sym_numel(), " (shape ", t.sym_sizes(), ")");
+      TORCH_CHECK(laid_out_like(t, params[i]), "torchspeed.", op, ": ", s.name, "[", i,
+                  "] must be laid out in memory like params[", i,
+                  "] (both contiguous, or the same sizes and strides), got sizes ", t.sym_sizes(),
+                  " strides ", t.sym_strides(), " for params[", i, "] sizes ",
+                  params[i].sym_sizes(), " strides ", params[i].sym_strides());
     }
   }
   for (const auto& [name, t] : scalars) {
@@ -105,12 +121,13 @@ inline void check_masks(const char* op, at::TensorList params, at::TensorList ma
               ": masks must have one tensor per param (", params.size(), ") or be empty, got ",
               masks.size());
   for (size_t i = 0; i < masks.size(); ++i) {
-    TORCH_CHECK(masks[i].scalar_type() == at::kFloat && masks[i].is_contiguous() &&
-                    masks[i].sym_numel() == params[i].sym_numel() &&
-                    masks[i].device() == params[i].device(),
-                "torchspeed.", op, ": masks[", i, "] must be a contiguous float32 tensor of ",
-                params[i].sym_numel(), " elements on ", params[i].device(), ", got ",
-                masks[i].scalar_type(), " ", masks[i].sym_sizes(), " on ", masks[i].device());
+    TORCH_CHECK(
+        masks[i].scalar_type() == at::kFloat && masks[i].sym_numel() == params[i].sym_numel() &&
+            masks[i].device() == params[i].device() && laid_out_like(masks[i], params[i]),
+        "torchspeed.", op, ": masks[", i, "] must be a float32 tensor of ", params[i].sym_numel(),
+        " elements on ", params[i].device(), " laid out like params[", i, "], got ",
+        masks[i].scalar_type(), " ", masks[i].sym_sizes(), " strides ", masks[i].sym_strides(),
+        " on ", masks[i].device());
   }
 }
 

@@ -357,6 +357,24 @@ void restore_group_options(const char* name, Optimizer& self,
   }
 }
 
+// Optimizer::add_param_group, then the group's own options restored as in the constructor.
+template <typename Options>
+void add_group(const char* name, Optimizer& self, const torch::optim::OptimizerParamGroup& group) {
+  if (group.has_options()) {
+    TORCH_CHECK(dynamic_cast<const Options*>(&group.options()) != nullptr, "torchspeed.optim.",
+                name, ": the param group must carry torchspeed::optim::", name,
+                "Options, got another options type");
+  }
+  self.Optimizer::add_param_group(group);
+  if (group.has_options()) {
+    const auto& user = static_cast<const Options&>(group.options());
+    const auto& defaults = static_cast<const Options&>(self.defaults());
+    self.param_groups().back().set_options(
+        std::make_unique<Options>(merge_options(user, defaults)));
+  }
+  check_params(name, self);
+}
+
 }  // namespace
 
 // ---- options and state: constructors, accessors, (de)serialization ------------------------------
@@ -411,6 +429,10 @@ torch::Tensor Adam::step(LossClosure closure) {
   return adam_family_step<AdamOptions>(*this, "Adam", closure);
 }
 
+void Adam::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  add_group<AdamOptions>("Adam", *this, param_group);
+}
+
 void Adam::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<AdamParamState, AdamOptions>(archive, *this);
 }
@@ -429,6 +451,10 @@ AdamW::AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
 
 torch::Tensor AdamW::step(LossClosure closure) {
   return adam_family_step<AdamWOptions>(*this, "AdamW", closure);
+}
+
+void AdamW::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  add_group<AdamWOptions>("AdamW", *this, param_group);
 }
 
 void AdamW::save(torch::serialize::OutputArchive& archive) const {
@@ -460,6 +486,12 @@ torch::Tensor SGD::step(LossClosure closure) {
     loss = closure();
   }
   check_step_inputs("SGD", *this);
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    const auto& o = static_cast<const SGDOptions&>(param_groups()[g].options());
+    TORCH_CHECK(!o.nesterov() || o.momentum() == 0 || o.dampening() == 0,
+                "torchspeed.optim.SGD: nesterov requires zero dampening, got dampening ",
+                o.dampening(), " in param_groups[", g, "]");
+  }
   const OptTensor coef = clip_coef<SGDOptions>("SGD", *this);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchspeed::sgd_step_", "")
@@ -496,12 +528,16 @@ torch::Tensor SGD::step(LossClosure closure) {
           if (master) masters.push_back(s.master());
         }
         op.call(bucket, grads, buffers, masters, {}, {}, o.lr(), o.momentum(), o.dampening(),
-                o.weight_decay(), o.nesterov(), o.maximize(), first_step, std::nullopt,
-                std::nullopt, std::nullopt, coef, 0.0);
+                o.weight_decay(), o.nesterov() && with_momentum, o.maximize(), first_step,
+                std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
       }
     }
   }
   return loss;
+}
+
+void SGD::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  add_group<SGDOptions>("SGD", *this, param_group);
 }
 
 void SGD::save(torch::serialize::OutputArchive& archive) const {
@@ -554,6 +590,10 @@ torch::Tensor Lion::step(LossClosure closure) {
   return loss;
 }
 
+void Lion::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  add_group<LionOptions>("Lion", *this, param_group);
+}
+
 void Lion::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
 }
@@ -604,6 +644,10 @@ torch::Tensor LAMB::step(LossClosure closure) {
     }
   }
   return loss;
+}
+
+void LAMB::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  add_group<LAMBOptions>("LAMB", *this, param_group);
 }
 
 void LAMB::save(torch::serialize::OutputArchive& archive) const {

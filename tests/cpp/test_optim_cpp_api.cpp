@@ -338,6 +338,51 @@ TEST_CASE("param groups keep their own options; a group mixes fp32 and bf16 para
   REQUIRE(opt.state().size() == 3);
 }
 
+TEST_CASE("add_param_group after construction keeps the group's own options") {
+  auto a = torch::randn({4}).requires_grad_(true);
+  auto b = torch::randn({3}).requires_grad_(true);
+  torchspeed::optim::AdamW opt(ParamList{a}, torchspeed::optim::AdamWOptions(1e-3).eps(1e-7));
+  opt.add_param_group({ParamList{b}, std::make_unique<torchspeed::optim::AdamWOptions>(
+                                         torchspeed::optim::AdamWOptions(0.5).weight_decay(0))});
+  const auto& g1 =
+      static_cast<const torchspeed::optim::AdamWOptions&>(opt.param_groups()[1].options());
+  REQUIRE(g1.lr() == 0.5);
+  REQUIRE(g1.weight_decay() == 0);
+  REQUIRE(g1.eps() == 1e-7);  // inherited from the optimizer's defaults
+
+  auto c = torch::randn({2}).requires_grad_(true);
+  torchspeed::optim::SGD sgd(ParamList{a}, torchspeed::optim::SGDOptions(0.1).momentum(0.9));
+  sgd.add_param_group({ParamList{c}, std::make_unique<torchspeed::optim::SGDOptions>(
+                                         torchspeed::optim::SGDOptions(0.5))});
+  const auto& s1 =
+      static_cast<const torchspeed::optim::SGDOptions&>(sgd.param_groups()[1].options());
+  REQUIRE(s1.lr() == 0.5);        // a group's lr is its own
+  REQUIRE(s1.momentum() == 0.9);  // inherited
+}
+
+TEST_CASE("SGD: nesterov in a group without momentum steps like torch::optim::SGD") {
+  auto a = torch::randn({5}).requires_grad_(true);
+  auto b = torch::randn({5}).requires_grad_(true);
+  auto ra = a.detach().clone().requires_grad_(true);
+  auto rb = b.detach().clone().requires_grad_(true);
+  std::vector<torch::optim::OptimizerParamGroup> ours, theirs;
+  ours.emplace_back(ParamList{a});
+  ours.emplace_back(ParamList{b}, std::make_unique<torchspeed::optim::SGDOptions>(
+                                      torchspeed::optim::SGDOptions(0.1).nesterov(true)));
+  theirs.emplace_back(ParamList{ra});
+  theirs.emplace_back(ParamList{rb}, std::make_unique<torch::optim::SGDOptions>(
+                                         torch::optim::SGDOptions(0.1).nesterov(true)));
+  torchspeed::optim::SGD opt(ours, torchspeed::optim::SGDOptions(0.1));
+  torch::optim::SGD ref(theirs, torch::optim::SGDOptions(0.1));
+  for (int i = 0; i < 3; ++i) {
+    for (auto* p : {&a, &b, &ra, &rb}) p->mutable_grad() = torch::ones_like(*p);
+    opt.step();
+    ref.step();
+  }
+  REQUIRE(torch::allclose(a.detach(), ra.detach()));
+  REQUIRE(torch::allclose(b.detach(), rb.detach()));
+}
+
 // ---- Lion and LAMB (no torch::optim counterpart: checked against float64 references) -----------
 
 namespace {

@@ -445,3 +445,96 @@ def test_optim_ops_opcheck():
         decoupled_weight_decay=True,
     )
     torch.library.opcheck(torch.ops.torchspeed.adam_step_.default, args, kwargs)
+
+
+# ---- review findings: each test failed before its fix ---------------------------------------
+def test_deepcopy_and_pickle_keep_stepping_with_masks():
+    import copy
+    import pickle
+
+    p = torch.nn.Parameter(torch.randn(50))
+    opt = torchspeed.optim.AdamW([p], lr=0.1)
+    mask = (torch.arange(50) % 2).float()
+    opt.set_mask(p, mask)
+    p.grad = torch.ones(50)
+    opt.step()
+    for clone in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        q = clone.param_groups[0]["params"][0]
+        q.grad = torch.ones(50)
+        clone.step()
+        assert torch.all(q[mask == 0] == 0)
+        assert clone.step_stats["steps"] == 2
+
+
+@pytest.mark.parametrize("dampening", [0.0, 0.5])
+def test_sgd_first_step_skipped_by_grad_scaler_matches_torch(dampening):
+    # A skipped first step must leave the momentum buffer unstarted, as torch's SGD does.
+    results = []
+    for cls in (torch.optim.SGD, torchspeed.optim.SGD):
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(8))
+        opt = cls([p], lr=0.1, momentum=0.9, dampening=dampening)
+        scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+        for step in range(4):
+            opt.zero_grad()
+            loss = (p * torch.arange(8.0)).sum() * (float("inf") if step == 0 else 1.0)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        results.append((p.detach().clone(), opt.state[p]["momentum_buffer"].clone()))
+    assert_close(results[1][0], results[0][0], **FP32)
+    assert_close(results[1][1], results[0][1], **FP32)
+
+
+@pytest.mark.parametrize("bad", ["float64", "sparse"])
+def test_bad_later_group_leaves_earlier_groups_untouched(bad):
+    a = torch.nn.Parameter(torch.zeros(3))
+    b = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64 if bad == "float64" else None))
+    opt = torchspeed.optim.AdamW([{"params": [a]}, {"params": [b]}], lr=0.1)
+    a.grad = torch.ones(3)
+    b.grad = torch.ones(3, dtype=b.dtype)
+    if bad == "sparse":
+        b.grad = b.grad.to_sparse()
+    with pytest.raises(RuntimeError, match=r"param_groups\[1\]\.params\[0\]"):
+        opt.step()
+    assert torch.equal(a, torch.zeros(3))
+    assert not opt.state[a] or opt.state[a]["step"].item() == 0
+
+
+def test_nesterov_in_a_group_without_momentum_steps_like_torch():
+    results = []
+    for cls in (torch.optim.SGD, torchspeed.optim.SGD):
+        torch.manual_seed(0)
+        a, b = torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(5))
+        opt = cls([a], lr=0.1)
+        opt.add_param_group({"params": [b], "nesterov": True})
+        for _ in range(3):
+            a.grad, b.grad = torch.ones(5), torch.full((5,), 2.0)
+            opt.step()
+        results.append(torch.cat([a.detach(), b.detach()]))
+    assert_close(results[1], results[0], **FP32)
+
+
+@pytest.mark.parametrize("cls, kw", [("AdamW", {}), ("SGD", {"momentum": 0.9})])
+def test_channels_last_params_match_torch(cpu_isa, cls, kw):
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    ours = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    ours.load_state_dict(ref.state_dict())
+    assert not ours.weight.is_contiguous()
+    ref_opt = getattr(torch.optim, cls)(ref.parameters(), lr=0.01, foreach=False, **kw)
+    our_opt = getattr(torchspeed.optim, cls)(ours.parameters(), lr=0.01, **kw)
+    mask = (torch.rand(8, 3, 3, 3) > 0.3).float()  # logical (NCHW) order
+    our_opt.set_mask(ours.weight, mask)
+    for _ in range(10):
+        x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+        for m, opt in ((ref, ref_opt), (ours, our_opt)):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+        with torch.no_grad():
+            ref.weight.mul_(mask)
+    assert_close(ours.weight, ref.weight, rtol=1e-5, atol=1e-6)
+    assert_close(ours.bias, ref.bias, rtol=1e-5, atol=1e-6)
+    key = "exp_avg" if cls == "AdamW" else "momentum_buffer"
+    assert our_opt.state[ours.weight][key].stride() == ours.weight.stride()

@@ -98,7 +98,7 @@ void run_step(const StepArgs& a, OptimScalars base) {
   }
 
   std::vector<at::Tensor> grads(a.grads.begin(), a.grads.end());
-  for (auto& g : grads) g = g.contiguous();
+  for (size_t i = 0; i < n; ++i) grads[i] = grad_like_param(grads[i], a.params[i]);
   const std::vector<at::Tensor> params(a.params.begin(), a.params.end());
   const std::vector<Chunk> chunks = make_chunks(params);
 

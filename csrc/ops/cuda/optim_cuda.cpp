@@ -73,7 +73,7 @@ void run_cuda_step(const CudaStepArgs& a, kc::OptimHyper hyper) {
 
   const size_t n = a.params.size();
   std::vector<at::Tensor> grads(a.grads.begin(), a.grads.end());
-  for (auto& g : grads) g = g.contiguous();
+  for (size_t i = 0; i < n; ++i) grads[i] = grad_like_param(grads[i], a.params[i]);
   std::vector<kc::OptimTensor> list(n);
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& p = a.params[i];

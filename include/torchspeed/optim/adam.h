@@ -97,6 +97,10 @@ class TORCHSPEED_API Adam : public torch::optim::Optimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  /// Adds a group, keeping its own options (fields left at their defaults inherit the
+  /// optimizer's). Hides torch::optim::Optimizer::add_param_group, which is not virtual and
+  /// would replace torchspeed options by the defaults: call it on the torchspeed type.
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
 };
 
 /// AdamW (decoupled weight decay) with one fused kernel per param group; a drop-in for
@@ -111,6 +115,10 @@ class TORCHSPEED_API AdamW : public torch::optim::Optimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  /// Adds a group, keeping its own options (fields left at their defaults inherit the
+  /// optimizer's). Hides torch::optim::Optimizer::add_param_group, which is not virtual and
+  /// would replace torchspeed options by the defaults: call it on the torchspeed type.
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
 };
 
 }  // namespace torchspeed::optim

@@ -109,6 +109,10 @@ class TORCHSPEED_API Lion : public torch::optim::Optimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  /// Adds a group, keeping its own options (fields left at their defaults inherit the
+  /// optimizer's). Hides torch::optim::Optimizer::add_param_group, which is not virtual and
+  /// would replace torchspeed options by the defaults: call it on the torchspeed type.
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
 };
 
 /// LAMB with one fused call per param group (the per-tensor norms are computed inside the op).
@@ -122,6 +126,10 @@ class TORCHSPEED_API LAMB : public torch::optim::Optimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  /// Adds a group, keeping its own options (fields left at their defaults inherit the
+  /// optimizer's). Hides torch::optim::Optimizer::add_param_group, which is not virtual and
+  /// would replace torchspeed options by the defaults: call it on the torchspeed type.
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
 };
 
 }  // namespace torchspeed::optim

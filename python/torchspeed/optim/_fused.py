@@ -15,6 +15,34 @@ from .. import ops
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
+def _zeros_like_param(p: torch.Tensor) -> torch.Tensor:
+    """float32 zeros in the param's memory layout (contiguous or e.g. channels_last)."""
+    return torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+
+
+def _like_param(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of `value` (the param's shape) on the param's device and in its layout."""
+    return _zeros_like_param(p).copy_(value)
+
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _index_of(params: List[torch.Tensor], p: torch.Tensor) -> int:
+    return next(i for i, q in enumerate(params) if q is p)
+
+
+def _dense(p: torch.Tensor) -> bool:
+    """Non-overlapping and dense (contiguous in some memory format), as the ops require."""
+    if p.is_contiguous():
+        return True
+    try:
+        from torch._prims_common import is_non_overlapping_and_dense
+    except ImportError:  # pragma: no cover - older torch
+        return p.is_contiguous(memory_format=torch.channels_last) if p.dim() == 4 else False
+    return is_non_overlapping_and_dense(p)
+
+
 def _accept_torch_only_flags(name: str, foreach, fused, differentiable) -> None:
     # torch.optim arguments that choose an implementation are accepted so that swapping the class
     # is the only change; torchspeed always runs its fused kernels.
@@ -51,8 +79,21 @@ class FusedOptimizer(Optimizer):
         self._masks: Dict[torch.Tensor, torch.Tensor] = {}
         self.step_stats = {"steps": 0, "skipped": 0, "seconds": 0.0}
 
+    def __getstate__(self):
+        # torch's Optimizer pickles defaults, state and param_groups; masks and stats travel too,
+        # so a deepcopy or an unpickled optimizer steps like the original.
+        state = super().__getstate__()
+        state["_masks"] = self._masks
+        state["step_stats"] = self.step_stats
+        return state
+
     def __setstate__(self, state):
+        state = dict(state)
+        masks = state.pop("_masks", {})
+        step_stats = state.pop("step_stats", {"steps": 0, "skipped": 0, "seconds": 0.0})
         super().__setstate__(state)
+        self._masks = masks
+        self.step_stats = step_stats
         for group in self.param_groups:
             for key in ("master_weights", "max_grad_norm", "ema_decay"):
                 group.setdefault(key, None)
@@ -75,7 +116,9 @@ class FusedOptimizer(Optimizer):
                 f"torchspeed.optim: mask must have {param.numel()} elements like the param, "
                 f"got {mask.numel()}"
             )
-        self._masks[param] = mask.detach().to(device=param.device, dtype=torch.float32).contiguous()
+        # Element i of the mask (in the param's logical order) masks element i of the param,
+        # stored in the param's memory layout (e.g. channels_last).
+        self._masks[param] = _like_param(mask.detach().reshape(param.shape), param)
 
     # ---- state ---------------------------------------------------------------------------------
     def _wants_master(self, group, p: torch.Tensor) -> bool:
@@ -88,12 +131,12 @@ class FusedOptimizer(Optimizer):
             if self._uses_step:
                 state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
             for key in self._state_keys_for(group):
-                state[key] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+                state[key] = _zeros_like_param(p)
         if self._wants_master(group, p) and "master" not in state:
             # Rebuilt from the param when absent (e.g. loaded from a torch.optim state_dict).
-            state["master"] = p.detach().to(torch.float32).clone()
+            state["master"] = _like_param(p.detach(), p)
         if group["ema_decay"] is not None and "ema" not in state:
-            state["ema"] = (state.get("master", p)).detach().to(torch.float32).clone()
+            state["ema"] = _like_param(state.get("master", p).detach(), p)
         return state
 
     def _state_keys_for(self, group) -> tuple:
@@ -113,10 +156,16 @@ class FusedOptimizer(Optimizer):
                 continue
             state = self.state[p]
             for key, value in saved.items():
-                if torch.is_tensor(value):
+                if not torch.is_tensor(value):
+                    continue
+                if key == "step":
+                    state[key] = value.detach().to(device=p.device, dtype=torch.float32)
+                    state[key] = state[key].clone().reshape(())
+                elif value.numel() == p.numel():
+                    state[key] = _like_param(value.detach().reshape(p.shape), p)
+                else:
+                    # A mismatched shape is kept as is: the step then names it in its error.
                     state[key] = value.detach().to(device=p.device, dtype=torch.float32).clone()
-                    if key == "step":
-                        state[key] = state[key].reshape(())
 
     # ---- step ----------------------------------------------------------------------------------
     def _grads_with_params(self):
@@ -156,18 +205,66 @@ class FusedOptimizer(Optimizer):
         start = time.perf_counter()
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
-        clip_coef = self._clip_coef(grad_scale)
-        for group in self.param_groups:
+        calls = []
+        for index, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            for bucket in self._buckets(group, params):
-                self._fused_step(group, bucket, grad_scale, found_inf, clip_coef)
+            if params:
+                calls += [(index, group, bucket) for bucket in self._buckets(group, params)]
+        if len(calls) > 1:
+            # Each op checks its own arguments before it changes anything. With several calls
+            # (groups, master/no-master buckets), check all of them first, so that a bad later
+            # group cannot leave the earlier ones updated.
+            for index, group, bucket in calls:
+                self._check_call(index, group, bucket)
+        clip_coef = self._clip_coef(grad_scale)
+        for _, group, bucket in calls:
+            self._fused_step(group, bucket, grad_scale, found_inf, clip_coef)
         self.step_stats["steps"] += 1
         if found_inf is not None and found_inf.device.type == "cpu" and found_inf.item() != 0:
             self.step_stats["skipped"] += 1
         self.step_stats["seconds"] += time.perf_counter() - start
         return loss
+
+    def _check_call(self, group_index: int, group, params: List[torch.Tensor]) -> None:
+        """What the op would reject, checked in Python before any op of the step runs."""
+        name = f"torchspeed.optim.{type(self).__name__}"
+        device = params[0].device
+        for p in params:
+            where = f"param_groups[{group_index}].params[{_index_of(group['params'], p)}]"
+            g = p.grad
+            if p.dtype not in _KERNEL_DTYPES:
+                raise RuntimeError(
+                    f"{name}: {where} must be float32, bfloat16 or float16, got {p.dtype}"
+                )
+            if g.layout != torch.strided:
+                raise RuntimeError(
+                    f"{name}: the grad of {where} must be dense; sparse gradients are not "
+                    f"supported, got layout {g.layout}"
+                )
+            if g.dtype not in _KERNEL_DTYPES:
+                raise RuntimeError(
+                    f"{name}: the grad of {where} must be float32, bfloat16 or float16, "
+                    f"got {g.dtype}"
+                )
+            if p.device != device or g.device != device:
+                raise RuntimeError(
+                    f"{name}: {where} and its grad must be on {device} like the other params of "
+                    f"the group, got {p.device} and {g.device}"
+                )
+            if g.shape != p.shape:
+                raise RuntimeError(
+                    f"{name}: the grad of {where} must have the param's shape {tuple(p.shape)}, "
+                    f"got {tuple(g.shape)}"
+                )
+            if not _dense(p):
+                raise RuntimeError(
+                    f"{name}: {where} must be contiguous in some memory format, got strides "
+                    f"{p.stride()}"
+                )
+        self._check_group(group)
+
+    def _check_group(self, group) -> None:
+        """Group-level hyperparameters the op would reject (subclasses)."""
 
     def _buckets(self, group, params: List[torch.Tensor]) -> Iterable[List[torch.Tensor]]:
         """Splits a group's params into those with an fp32 master and those without."""

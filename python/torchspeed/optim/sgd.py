@@ -4,7 +4,7 @@ from typing import Optional, Union
 
 import torch
 
-from ._fused import FusedOptimizer, _accept_torch_only_flags
+from ._fused import FusedOptimizer, _accept_torch_only_flags, _zeros_like_param
 
 
 class SGD(FusedOptimizer):
@@ -73,6 +73,13 @@ class SGD(FusedOptimizer):
             out += [b for b in (fresh, old) if b]
         return out
 
+    def _check_group(self, group):
+        if group["nesterov"] and group["momentum"] != 0 and group["dampening"] != 0:
+            raise RuntimeError(
+                "torchspeed.optim.SGD: nesterov requires zero dampening, got dampening "
+                f"{group['dampening']} in a param group"
+            )
+
     def _fused_step(self, group, params, grad_scale, found_inf, clip_coef):
         momentum = group["momentum"]
         first = momentum != 0 and any(self.state[p].get("momentum_buffer") is None for p in params)
@@ -81,22 +88,37 @@ class SGD(FusedOptimizer):
         if momentum != 0:
             for p, s in zip(params, states):
                 if s.get("momentum_buffer") is None:
-                    s["momentum_buffer"] = torch.zeros(
-                        p.shape, dtype=torch.float32, device=p.device
-                    )
+                    s["momentum_buffer"] = _zeros_like_param(p)
                 buffers.append(s["momentum_buffer"])
-        torch.ops.torchspeed.sgd_step_(
-            params,
-            grads,
-            buffers,
-            masters,
-            masks,
-            emas,
-            momentum=float(momentum),
-            dampening=float(group["dampening"]),
-            weight_decay=float(group["weight_decay"]),
-            nesterov=group["nesterov"],
-            maximize=group["maximize"],
-            first_step=first,
-            **self._scalars(group, grad_scale, found_inf, clip_coef),
-        )
+        try:
+            torch.ops.torchspeed.sgd_step_(
+                params,
+                grads,
+                buffers,
+                masters,
+                masks,
+                emas,
+                momentum=float(momentum),
+                dampening=float(group["dampening"]),
+                weight_decay=float(group["weight_decay"]),
+                # As torch.optim.SGD: nesterov only means something with momentum.
+                nesterov=bool(group["nesterov"]) and momentum != 0,
+                maximize=group["maximize"],
+                first_step=first,
+                **self._scalars(group, grad_scale, found_inf, clip_coef),
+            )
+        except Exception:
+            if first:
+                self._drop_buffers(states)
+            raise
+        # A step skipped by GradScaler must leave fresh buffers fresh: torch starts the buffer
+        # from the first grad that is applied. Only the first steps of new params pay this check
+        # (a host sync on CUDA).
+        if first and found_inf is not None and bool(found_inf.item() != 0):
+            self._drop_buffers(states)
+
+    @staticmethod
+    def _drop_buffers(states):
+        # Buckets are split by fresh/old (see _buckets), so every buffer here was just created.
+        for s in states:
+            s["momentum_buffer"] = None
