@@ -636,3 +636,17 @@ def test_cuda_op_rejects_mixed_devices():
             maximize=False,
             decoupled_weight_decay=True,
         )
+
+
+def test_cpu_lr_tensor_with_device_params_matches_float_lr():
+    # torch.optim accepts a CPU tensor lr for CUDA params; the step moves it to the device.
+    p1 = _randn((1000,), torch.float32, seed=1).to(DEV)
+    p2 = p1.clone()
+    o1 = torchspeed.optim.AdamW([p1], lr=torch.tensor(0.01))
+    o2 = torchspeed.optim.AdamW([p2], lr=0.01)
+    for s in range(3):
+        g = _randn((1000,), torch.float32, seed=10 + s).to(DEV)
+        p1.grad, p2.grad = g.clone(), g.clone()
+        o1.step()
+        o2.step()
+    assert_close(p1, p2, **FP32)

@@ -300,7 +300,9 @@ class FusedOptimizer(Optimizer):
         lr = group["lr"]
         lr_tensor = None
         if torch.is_tensor(lr):
-            lr_tensor = lr.detach().to(dtype=torch.float32).reshape(1)
+            # On the params' device, as the op requires (a CPU lr with CUDA params is allowed).
+            device = group["params"][0].device
+            lr_tensor = lr.detach().to(device=device, dtype=torch.float32).reshape(1)
             lr = 0.0
         return dict(
             lr=float(lr),
