@@ -7,6 +7,7 @@
 
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "torchspeed/ops.h"
 #include "torchspeed/optim/adam.h"
@@ -148,20 +149,6 @@ at::Tensor fp32_zeros_like(const at::Tensor& p) {
   return at::zeros(p.sizes(), p.options().dtype(at::kFloat));
 }
 
-// State loaded from an archive may sit on another device or (step) have another shape.
-void place_on(at::Tensor& t, const at::Tensor& p, bool scalar = false) {
-  if (!t.defined()) return;
-  if (t.device() != p.device() || t.scalar_type() != at::kFloat) {
-    t = t.to(p.device(), at::kFloat).contiguous();
-  }
-  if (scalar && t.dim() != 0) t = t.reshape({});
-}
-
-at::Tensor contiguous_grad(const at::Tensor& p) {
-  const at::Tensor& g = p.grad();
-  return g.is_contiguous() ? g : g.contiguous();
-}
-
 // Splits the params with a grad into (wants a master) / (does not) buckets, non-empty only.
 std::vector<std::vector<at::Tensor>> master_buckets(const std::vector<at::Tensor>& params,
                                                     const std::optional<bool>& master_weights) {
@@ -177,35 +164,52 @@ std::vector<std::vector<at::Tensor>> master_buckets(const std::vector<at::Tensor
   return out;
 }
 
-// ---- Adam / AdamW -------------------------------------------------------------------------------
-bool decoupled(const AdamOptions& o) { return o.decoupled_weight_decay(); }
-bool decoupled(const AdamWOptions&) { return true; }
+// State loaded from an archive may sit on another device or (step) have another shape.
+void place_on(at::Tensor& t, const at::Tensor& p, bool scalar = false) {
+  if (!t.defined()) return;
+  if (t.device() != p.device() || t.scalar_type() != at::kFloat) {
+    t = t.to(p.device(), at::kFloat).contiguous();
+  }
+  if (scalar && t.dim() != 0) t = t.reshape({});
+}
 
-AdamParamState& adam_state(Optimizer& self, const at::Tensor& p, bool amsgrad, bool master) {
+// State loaded from an archive: every tensor on the param's device in float32, `step` 0-dim.
+#define TORCHSPEED_PLACE_TENSOR(name) place_on(s.name(), p, std::string_view(#name) == "step");
+#define TORCHSPEED_PLACE_STATE(State, TENSORS) \
+  void place_state(State& s, const at::Tensor& p) { TENSORS(TORCHSPEED_PLACE_TENSOR) }
+TORCHSPEED_PLACE_STATE(AdamParamState, TORCHSPEED_ADAM_STATE)
+TORCHSPEED_PLACE_STATE(SGDParamState, TORCHSPEED_SGD_STATE)
+TORCHSPEED_PLACE_STATE(LionParamState, TORCHSPEED_LION_STATE)
+TORCHSPEED_PLACE_STATE(LAMBParamState, TORCHSPEED_LAMB_STATE)
+#undef TORCHSPEED_PLACE_STATE
+#undef TORCHSPEED_PLACE_TENSOR
+
+// The state of `p`, created by `init` the first time and placed with place_state, with the
+// fp32 master rebuilt from the param when the optimizer wants one and (e.g. after a load from an
+// archive saved without masters) there is none.
+template <class State, class Init>
+State& state_of(Optimizer& self, const at::Tensor& p, bool master, Init&& init) {
   auto& states = self.state();
   auto it = states.find(p.unsafeGetTensorImpl());
   if (it == states.end()) {
-    auto s = std::make_unique<AdamParamState>();
-    s->step(at::zeros({}, p.options().dtype(at::kFloat)));
-    s->exp_avg(fp32_zeros_like(p));
-    s->exp_avg_sq(fp32_zeros_like(p));
-    it = states.emplace(p.unsafeGetTensorImpl(), std::move(s)).first;
+    auto fresh = std::make_unique<State>();
+    init(*fresh);
+    it = states.emplace(p.unsafeGetTensorImpl(), std::move(fresh)).first;
   }
-  auto& s = static_cast<AdamParamState&>(*it->second);
-  place_on(s.step(), p, /*scalar=*/true);
-  place_on(s.exp_avg(), p);
-  place_on(s.exp_avg_sq(), p);
-  place_on(s.max_exp_avg_sq(), p);
-  place_on(s.master(), p);
-  if (amsgrad && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(fp32_zeros_like(p));
-  // Rebuilt from the param when absent (e.g. state saved by a run without masters).
+  auto& s = static_cast<State&>(*it->second);
+  place_state(s, p);
   if (master && !s.master().defined()) s.master(p.detach().to(at::kFloat).clone());
   return s;
 }
 
-template <typename Options>
-at::Tensor adam_family_step(Optimizer& self, const char* name,
-                            const Optimizer::LossClosure& closure) {
+at::Tensor zero_step(const at::Tensor& p) { return at::zeros({}, p.options().dtype(at::kFloat)); }
+
+// Everything a step does around its op calls: no grad, the closure, every input checked before
+// anything changes, the global clip coefficient; then body(options, bucket, clip_coef) for each
+// (param group, master/no-master bucket).
+template <typename Options, typename Body>
+at::Tensor fused_step(Optimizer& self, const char* name, const Optimizer::LossClosure& closure,
+                      Body&& body) {
   at::NoGradGuard no_grad;
   at::Tensor loss;
   if (closure) {
@@ -214,6 +218,27 @@ at::Tensor adam_family_step(Optimizer& self, const char* name,
   }
   check_step_inputs(name, self);
   const OptTensor coef = clip_coef<Options>(name, self);
+  for (auto& group : self.param_groups()) {
+    const auto& o = static_cast<const Options&>(group.options());
+    for (const auto& bucket : master_buckets(group.params(), o.master_weights())) {
+      body(o, bucket, coef);
+    }
+  }
+  return loss;
+}
+
+at::Tensor contiguous_grad(const at::Tensor& p) {
+  const at::Tensor& g = p.grad();
+  return g.is_contiguous() ? g : g.contiguous();
+}
+
+// ---- Adam / AdamW -------------------------------------------------------------------------------
+bool decoupled(const AdamOptions& o) { return o.decoupled_weight_decay(); }
+bool decoupled(const AdamWOptions&) { return true; }
+
+template <typename Options>
+at::Tensor adam_family_step(Optimizer& self, const char* name,
+                            const Optimizer::LossClosure& closure) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchspeed::adam_step_", "")
                        .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
@@ -221,28 +246,29 @@ at::Tensor adam_family_step(Optimizer& self, const char* name,
                                    at::TensorList, double, double, double, double, double, bool,
                                    bool, bool, const OptTensor&, const OptTensor&, const OptTensor&,
                                    const OptTensor&, double)>();
-  for (auto& group : self.param_groups()) {
-    const auto& o = static_cast<const Options&>(group.options());
-    for (const auto& bucket : master_buckets(group.params(), o.master_weights())) {
-      std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps;
-      for (const auto& p : bucket) {
-        auto& s = adam_state(self, p, o.amsgrad(), wants_master(o.master_weights(), p));
-        grads.push_back(contiguous_grad(p));
-        exp_avgs.push_back(s.exp_avg());
-        exp_avg_sqs.push_back(s.exp_avg_sq());
-        if (o.amsgrad()) max_sqs.push_back(s.max_exp_avg_sq());
-        if (s.master().defined() && wants_master(o.master_weights(), p)) {
-          masters.push_back(s.master());
+  return fused_step<Options>(
+      self, name, closure, [&](const Options& o, const auto& bucket, const OptTensor& coef) {
+        std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps;
+        for (const auto& p : bucket) {
+          const bool master = wants_master(o.master_weights(), p);
+          auto& s = state_of<AdamParamState>(self, p, master, [&](AdamParamState& fresh) {
+            fresh.step(zero_step(p));
+            fresh.exp_avg(fp32_zeros_like(p));
+            fresh.exp_avg_sq(fp32_zeros_like(p));
+          });
+          if (o.amsgrad() && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(fp32_zeros_like(p));
+          grads.push_back(contiguous_grad(p));
+          exp_avgs.push_back(s.exp_avg());
+          exp_avg_sqs.push_back(s.exp_avg_sq());
+          if (o.amsgrad()) max_sqs.push_back(s.max_exp_avg_sq());
+          if (master) masters.push_back(s.master());
+          steps.push_back(s.step());
         }
-        steps.push_back(s.step());
-      }
-      op.call(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps, {}, {}, o.lr(),
-              std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-              o.amsgrad(), o.maximize(), decoupled(o), std::nullopt, std::nullopt, std::nullopt,
-              coef, 0.0);
-    }
-  }
-  return loss;
+        op.call(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps, {}, {}, o.lr(),
+                std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+                o.amsgrad(), o.maximize(), decoupled(o), std::nullopt, std::nullopt, std::nullopt,
+                coef, 0.0);
+      });
 }
 
 template <typename Options>
@@ -253,19 +279,6 @@ void check_adam_options(const char* name, const Options& o) {
 }
 
 // ---- SGD ----------------------------------------------------------------------------------------
-SGDParamState& sgd_state(Optimizer& self, const at::Tensor& p, bool master) {
-  auto& states = self.state();
-  auto it = states.find(p.unsafeGetTensorImpl());
-  if (it == states.end()) {
-    it = states.emplace(p.unsafeGetTensorImpl(), std::make_unique<SGDParamState>()).first;
-  }
-  auto& s = static_cast<SGDParamState&>(*it->second);
-  place_on(s.momentum_buffer(), p);
-  place_on(s.master(), p);
-  if (master && !s.master().defined()) s.master(p.detach().to(at::kFloat).clone());
-  return s;
-}
-
 bool has_buffer(const Optimizer& self, const at::Tensor& p) {
   auto it = self.state().find(p.unsafeGetTensorImpl());
   return it != self.state().end() &&
@@ -273,43 +286,6 @@ bool has_buffer(const Optimizer& self, const at::Tensor& p) {
 }
 
 // ---- Lion / LAMB -------------------------------------------------------------------------------
-LionParamState& lion_state(Optimizer& self, const at::Tensor& p, bool master) {
-  auto& states = self.state();
-  auto it = states.find(p.unsafeGetTensorImpl());
-  if (it == states.end()) {
-    auto s = std::make_unique<LionParamState>();
-    s->step(at::zeros({}, p.options().dtype(at::kFloat)));
-    s->exp_avg(fp32_zeros_like(p));
-    it = states.emplace(p.unsafeGetTensorImpl(), std::move(s)).first;
-  }
-  auto& s = static_cast<LionParamState&>(*it->second);
-  place_on(s.step(), p, /*scalar=*/true);
-  place_on(s.exp_avg(), p);
-  place_on(s.master(), p);
-  // Rebuilt from the param when absent (e.g. state saved by a run without masters).
-  if (master && !s.master().defined()) s.master(p.detach().to(at::kFloat).clone());
-  return s;
-}
-
-LAMBParamState& lamb_state(Optimizer& self, const at::Tensor& p, bool master) {
-  auto& states = self.state();
-  auto it = states.find(p.unsafeGetTensorImpl());
-  if (it == states.end()) {
-    auto s = std::make_unique<LAMBParamState>();
-    s->step(at::zeros({}, p.options().dtype(at::kFloat)));
-    s->exp_avg(fp32_zeros_like(p));
-    s->exp_avg_sq(fp32_zeros_like(p));
-    it = states.emplace(p.unsafeGetTensorImpl(), std::move(s)).first;
-  }
-  auto& s = static_cast<LAMBParamState&>(*it->second);
-  place_on(s.step(), p, /*scalar=*/true);
-  place_on(s.exp_avg(), p);
-  place_on(s.exp_avg_sq(), p);
-  place_on(s.master(), p);
-  if (master && !s.master().defined()) s.master(p.detach().to(at::kFloat).clone());
-  return s;
-}
-
 template <typename Options>
 void check_lion_family_options(const char* name, const Options& o) {
   check_common_options(name, o.lr(), o.weight_decay(), o.max_grad_norm());
@@ -429,18 +405,6 @@ torch::Tensor Adam::step(LossClosure closure) {
   return adam_family_step<AdamOptions>(*this, "Adam", closure);
 }
 
-void Adam::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  add_group<AdamOptions>("Adam", *this, param_group);
-}
-
-void Adam::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<AdamParamState, AdamOptions>(archive, *this);
-}
-
-void Adam::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<AdamParamState, AdamOptions>(archive, *this);
-}
-
 AdamW::AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
              AdamWOptions defaults)
     : Optimizer(param_groups, std::make_unique<AdamWOptions>(defaults)) {
@@ -451,18 +415,6 @@ AdamW::AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
 
 torch::Tensor AdamW::step(LossClosure closure) {
   return adam_family_step<AdamWOptions>(*this, "AdamW", closure);
-}
-
-void AdamW::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  add_group<AdamWOptions>("AdamW", *this, param_group);
-}
-
-void AdamW::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
-}
-
-void AdamW::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
 }
 
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
@@ -479,73 +431,51 @@ SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGD
 }
 
 torch::Tensor SGD::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  check_step_inputs("SGD", *this);
   for (size_t g = 0; g < param_groups().size(); ++g) {
     const auto& o = static_cast<const SGDOptions&>(param_groups()[g].options());
     TORCH_CHECK(!o.nesterov() || o.momentum() == 0 || o.dampening() == 0,
                 "torchspeed.optim.SGD: nesterov requires zero dampening, got dampening ",
                 o.dampening(), " in param_groups[", g, "]");
   }
-  const OptTensor coef = clip_coef<SGDOptions>("SGD", *this);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchspeed::sgd_step_", "")
                        .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
                                    at::TensorList, at::TensorList, double, double, double, double,
                                    bool, bool, bool, const OptTensor&, const OptTensor&,
                                    const OptTensor&, const OptTensor&, double)>();
-  for (auto& group : param_groups()) {
-    const auto& o = static_cast<const SGDOptions&>(group.options());
-    const bool with_momentum = o.momentum() != 0;
-    for (const auto& by_master : master_buckets(group.params(), o.master_weights())) {
-      // Params without a momentum buffer yet start it from their grad (first_step = true).
-      std::vector<std::vector<at::Tensor>> buckets;
-      if (with_momentum) {
-        std::vector<at::Tensor> fresh, old;
-        for (const auto& p : by_master) (has_buffer(*this, p) ? old : fresh).push_back(p);
-        for (auto* b : {&fresh, &old}) {
-          if (!b->empty()) buckets.push_back(std::move(*b));
-        }
-      } else {
-        buckets.push_back(by_master);
-      }
-      for (const auto& bucket : buckets) {
-        const bool first_step = with_momentum && !has_buffer(*this, bucket[0]);
-        std::vector<at::Tensor> grads, buffers, masters;
-        for (const auto& p : bucket) {
-          const bool master = wants_master(o.master_weights(), p);
-          auto& s = sgd_state(*this, p, master);
-          grads.push_back(contiguous_grad(p));
-          if (with_momentum) {
-            if (!s.momentum_buffer().defined()) s.momentum_buffer(fp32_zeros_like(p));
-            buffers.push_back(s.momentum_buffer());
+  return fused_step<SGDOptions>(
+      *this, "SGD", closure,
+      [&](const SGDOptions& o, const auto& by_master, const OptTensor& coef) {
+        const bool with_momentum = o.momentum() != 0;
+        // Params without a momentum buffer yet start it from their grad (first_step = true).
+        std::vector<std::vector<at::Tensor>> buckets;
+        if (with_momentum) {
+          std::vector<at::Tensor> fresh, old;
+          for (const auto& p : by_master) (has_buffer(*this, p) ? old : fresh).push_back(p);
+          for (auto* b : {&fresh, &old}) {
+            if (!b->empty()) buckets.push_back(std::move(*b));
           }
-          if (master) masters.push_back(s.master());
+        } else {
+          buckets.push_back(by_master);
         }
-        op.call(bucket, grads, buffers, masters, {}, {}, o.lr(), o.momentum(), o.dampening(),
-                o.weight_decay(), o.nesterov() && with_momentum, o.maximize(), first_step,
-                std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
-      }
-    }
-  }
-  return loss;
-}
-
-void SGD::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  add_group<SGDOptions>("SGD", *this, param_group);
-}
-
-void SGD::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
-}
-
-void SGD::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+        for (const auto& bucket : buckets) {
+          const bool first_step = with_momentum && !has_buffer(*this, bucket[0]);
+          std::vector<at::Tensor> grads, buffers, masters;
+          for (const auto& p : bucket) {
+            const bool master = wants_master(o.master_weights(), p);
+            auto& s = state_of<SGDParamState>(*this, p, master, [](SGDParamState&) {});
+            grads.push_back(contiguous_grad(p));
+            if (with_momentum) {
+              if (!s.momentum_buffer().defined()) s.momentum_buffer(fp32_zeros_like(p));
+              buffers.push_back(s.momentum_buffer());
+            }
+            if (master) masters.push_back(s.master());
+          }
+          op.call(bucket, grads, buffers, masters, {}, {}, o.lr(), o.momentum(), o.dampening(),
+                  o.weight_decay(), o.nesterov() && with_momentum, o.maximize(), first_step,
+                  std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
+        }
+      });
 }
 
 Lion::Lion(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LionOptions defaults)
@@ -556,50 +486,30 @@ Lion::Lion(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, L
 }
 
 torch::Tensor Lion::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  check_step_inputs("Lion", *this);
-  const OptTensor coef = clip_coef<LionOptions>("Lion", *this);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchspeed::lion_step_", "")
                        .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
                                    at::TensorList, at::TensorList, at::TensorList, double, double,
                                    double, double, bool, const OptTensor&, const OptTensor&,
                                    const OptTensor&, const OptTensor&, double)>();
-  for (auto& group : param_groups()) {
-    const auto& o = static_cast<const LionOptions&>(group.options());
-    for (const auto& bucket : master_buckets(group.params(), o.master_weights())) {
-      std::vector<at::Tensor> grads, exp_avgs, masters, steps;
-      for (const auto& p : bucket) {
-        const bool master = wants_master(o.master_weights(), p);
-        auto& s = lion_state(*this, p, master);
-        grads.push_back(contiguous_grad(p));
-        exp_avgs.push_back(s.exp_avg());
-        if (master) masters.push_back(s.master());
-        steps.push_back(s.step());
-      }
-      op.call(bucket, grads, exp_avgs, masters, steps, {}, {}, o.lr(), std::get<0>(o.betas()),
-              std::get<1>(o.betas()), o.weight_decay(), o.maximize(), std::nullopt, std::nullopt,
-              std::nullopt, coef, 0.0);
-    }
-  }
-  return loss;
-}
-
-void Lion::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  add_group<LionOptions>("Lion", *this, param_group);
-}
-
-void Lion::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
-}
-
-void Lion::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
+  return fused_step<LionOptions>(
+      *this, "Lion", closure, [&](const LionOptions& o, const auto& bucket, const OptTensor& coef) {
+        std::vector<at::Tensor> grads, exp_avgs, masters, steps;
+        for (const auto& p : bucket) {
+          const bool master = wants_master(o.master_weights(), p);
+          auto& s = state_of<LionParamState>(*this, p, master, [&](LionParamState& fresh) {
+            fresh.step(zero_step(p));
+            fresh.exp_avg(fp32_zeros_like(p));
+          });
+          grads.push_back(contiguous_grad(p));
+          exp_avgs.push_back(s.exp_avg());
+          if (master) masters.push_back(s.master());
+          steps.push_back(s.step());
+        }
+        op.call(bucket, grads, exp_avgs, masters, steps, {}, {}, o.lr(), std::get<0>(o.betas()),
+                std::get<1>(o.betas()), o.weight_decay(), o.maximize(), std::nullopt, std::nullopt,
+                std::nullopt, coef, 0.0);
+      });
 }
 
 LAMB::LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LAMBOptions defaults)
@@ -611,51 +521,50 @@ LAMB::LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, L
 }
 
 torch::Tensor LAMB::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  check_step_inputs("LAMB", *this);
-  const OptTensor coef = clip_coef<LAMBOptions>("LAMB", *this);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchspeed::lamb_step_", "")
                        .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
                                    at::TensorList, at::TensorList, at::TensorList, at::TensorList,
                                    double, double, double, double, double, bool, const OptTensor&,
                                    const OptTensor&, const OptTensor&, const OptTensor&, double)>();
-  for (auto& group : param_groups()) {
-    const auto& o = static_cast<const LAMBOptions&>(group.options());
-    for (const auto& bucket : master_buckets(group.params(), o.master_weights())) {
-      std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, masters, steps;
-      for (const auto& p : bucket) {
-        const bool master = wants_master(o.master_weights(), p);
-        auto& s = lamb_state(*this, p, master);
-        grads.push_back(contiguous_grad(p));
-        exp_avgs.push_back(s.exp_avg());
-        exp_avg_sqs.push_back(s.exp_avg_sq());
-        if (master) masters.push_back(s.master());
-        steps.push_back(s.step());
-      }
-      op.call(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {}, o.lr(),
-              std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-              o.maximize(), std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
-    }
+  return fused_step<LAMBOptions>(
+      *this, "LAMB", closure, [&](const LAMBOptions& o, const auto& bucket, const OptTensor& coef) {
+        std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, masters, steps;
+        for (const auto& p : bucket) {
+          const bool master = wants_master(o.master_weights(), p);
+          auto& s = state_of<LAMBParamState>(*this, p, master, [&](LAMBParamState& fresh) {
+            fresh.step(zero_step(p));
+            fresh.exp_avg(fp32_zeros_like(p));
+            fresh.exp_avg_sq(fp32_zeros_like(p));
+          });
+          grads.push_back(contiguous_grad(p));
+          exp_avgs.push_back(s.exp_avg());
+          exp_avg_sqs.push_back(s.exp_avg_sq());
+          if (master) masters.push_back(s.master());
+          steps.push_back(s.step());
+        }
+        op.call(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {}, o.lr(),
+                std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+                o.maximize(), std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
+      });
+}
+
+// add_param_group, save and load: the same for every optimizer.
+#define TORCHSPEED_DEFINE_GROUPS_AND_IO(Cls, State, Options)                        \
+  void Cls::add_param_group(const torch::optim::OptimizerParamGroup& param_group) { \
+    add_group<Options>(#Cls, *this, param_group);                                   \
+  }                                                                                 \
+  void Cls::save(torch::serialize::OutputArchive& archive) const {                  \
+    torch::optim::serialize<State, Options>(archive, *this);                        \
+  }                                                                                 \
+  void Cls::load(torch::serialize::InputArchive& archive) {                         \
+    torch::optim::serialize<State, Options>(archive, *this);                        \
   }
-  return loss;
-}
-
-void LAMB::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
-  add_group<LAMBOptions>("LAMB", *this, param_group);
-}
-
-void LAMB::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<LAMBParamState, LAMBOptions>(archive, *this);
-}
-
-void LAMB::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<LAMBParamState, LAMBOptions>(archive, *this);
-}
+TORCHSPEED_DEFINE_GROUPS_AND_IO(Adam, AdamParamState, AdamOptions)
+TORCHSPEED_DEFINE_GROUPS_AND_IO(AdamW, AdamWParamState, AdamWOptions)
+TORCHSPEED_DEFINE_GROUPS_AND_IO(SGD, SGDParamState, SGDOptions)
+TORCHSPEED_DEFINE_GROUPS_AND_IO(Lion, LionParamState, LionOptions)
+TORCHSPEED_DEFINE_GROUPS_AND_IO(LAMB, LAMBParamState, LAMBOptions)
+#undef TORCHSPEED_DEFINE_GROUPS_AND_IO
 
 }  // namespace torchspeed::optim

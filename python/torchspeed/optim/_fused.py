@@ -28,10 +28,6 @@ def _like_param(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _index_of(params: List[torch.Tensor], p: torch.Tensor) -> int:
-    return next(i for i, q in enumerate(params) if q is p)
-
-
 def _dense(p: torch.Tensor) -> bool:
     """Non-overlapping and dense (contiguous in some memory format), as the ops require."""
     if p.is_contiguous():
@@ -227,39 +223,41 @@ class FusedOptimizer(Optimizer):
 
     def _check_call(self, group_index: int, group, params: List[torch.Tensor]) -> None:
         """What the op would reject, checked in Python before any op of the step runs."""
-        name = f"torchspeed.optim.{type(self).__name__}"
         device = params[0].device
         for p in params:
-            where = f"param_groups[{group_index}].params[{_index_of(group['params'], p)}]"
             g = p.grad
+            problem = None
             if p.dtype not in _KERNEL_DTYPES:
-                raise RuntimeError(
-                    f"{name}: {where} must be float32, bfloat16 or float16, got {p.dtype}"
+                problem = "{where} must be float32, bfloat16 or float16, got " + str(p.dtype)
+            elif g.layout != torch.strided:
+                problem = (
+                    "the grad of {where} must be dense; sparse gradients are not supported, "
+                    f"got layout {g.layout}"
                 )
-            if g.layout != torch.strided:
-                raise RuntimeError(
-                    f"{name}: the grad of {where} must be dense; sparse gradients are not "
-                    f"supported, got layout {g.layout}"
+            elif g.dtype not in _KERNEL_DTYPES:
+                problem = "the grad of {where} must be float32, bfloat16 or float16, got " + str(
+                    g.dtype
                 )
-            if g.dtype not in _KERNEL_DTYPES:
-                raise RuntimeError(
-                    f"{name}: the grad of {where} must be float32, bfloat16 or float16, "
-                    f"got {g.dtype}"
+            elif p.device != device or g.device != device:
+                problem = (
+                    f"{{where}} and its grad must be on {device} like the other params of the "
+                    f"group, got {p.device} and {g.device}"
                 )
-            if p.device != device or g.device != device:
-                raise RuntimeError(
-                    f"{name}: {where} and its grad must be on {device} like the other params of "
-                    f"the group, got {p.device} and {g.device}"
+            elif g.shape != p.shape:
+                problem = (
+                    f"the grad of {{where}} must have the param's shape {tuple(p.shape)}, got "
+                    f"{tuple(g.shape)}"
                 )
-            if g.shape != p.shape:
-                raise RuntimeError(
-                    f"{name}: the grad of {where} must have the param's shape {tuple(p.shape)}, "
-                    f"got {tuple(g.shape)}"
+            elif not _dense(p):
+                problem = (
+                    f"{{where}} must be contiguous in some memory format, got strides {p.stride()}"
                 )
-            if not _dense(p):
+            if problem is not None:
+                # The position is looked up only for the error (this loop is on the step path).
+                index = next(i for i, q in enumerate(group["params"]) if q is p)
+                where = f"param_groups[{group_index}].params[{index}]"
                 raise RuntimeError(
-                    f"{name}: {where} must be contiguous in some memory format, got strides "
-                    f"{p.stride()}"
+                    f"torchspeed.optim.{type(self).__name__}: " + problem.format(where=where)
                 )
         self._check_group(group)
 
