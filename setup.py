@@ -3,8 +3,10 @@
 CMakeLists.txt is the only build description. This file finds the torch you have installed, builds
 against it (so use ``pip install --no-build-isolation .``), and pins that torch version at run time.
 
-Environment knobs: TORCHSPEED_WITH_CUDA=AUTO|ON|OFF, TORCHSPEED_BUILD_DIR (default build/py),
-CMAKE_ARGS (extra -D options), MAX_JOBS (parallel compile jobs), CMAKE_BUILD_TYPE (default Release).
+Environment knobs: TORCHSPEED_WITH_CUDA=AUTO|ON|OFF, TORCHSPEED_WITH_DATA=ON|OFF (the data loader,
+needs libpng), TORCHSPEED_WITH_JPEG=ON|OFF (its JPEG decode, needs libjpeg-turbo),
+TORCHSPEED_BUILD_DIR (default build/py), CMAKE_ARGS (extra -D options), MAX_JOBS (parallel compile
+jobs), CMAKE_BUILD_TYPE (default Release).
 """
 
 import os
@@ -57,6 +59,10 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
             f"-DTORCHSPEED_WITH_CUDA={os.environ.get('TORCHSPEED_WITH_CUDA', 'AUTO')}",
         ]
+        # Only when set: otherwise a build folder keeps what an earlier CMAKE_ARGS chose.
+        for knob in ("TORCHSPEED_WITH_DATA", "TORCHSPEED_WITH_JPEG"):
+            if os.environ.get(knob):
+                args.append(f"-D{knob}={os.environ[knob]}")
         if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
             args += ["-G", "Ninja"]
         args += shlex.split(os.environ.get("CMAKE_ARGS", ""))

@@ -130,6 +130,15 @@ function(torchspeed_write_build_info path)
   else()
     set(_cuda false)
   endif()
+  # The options as they took effect (JPEG is off whenever the data area is).
+  set(_data OFF)
+  set(_jpeg OFF)
+  if(TORCHSPEED_WITH_DATA)
+    set(_data ON)
+    if(TORCHSPEED_WITH_JPEG)
+      set(_jpeg ON)
+    endif()
+  endif()
   file(WRITE "${path}" "{
   \"version\": \"${PROJECT_VERSION}\",
   \"torch_version\": \"${TORCHSPEED_TORCH_VERSION}\",
@@ -138,9 +147,29 @@ function(torchspeed_write_build_info path)
   \"cuda_architectures\": ${_cuda_archs},
   \"cpu_isas\": [\"${_isas}\"],
   \"features\": ${_features},
+  \"options\": {\"TORCHSPEED_WITH_DATA\": \"${_data}\", \"TORCHSPEED_WITH_JPEG\": \"${_jpeg}\"},
   \"cxx_compiler\": \"${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}\",
   \"build_type\": \"${CMAKE_BUILD_TYPE}\",
   \"sanitize\": \"${TORCHSPEED_SANITIZE}\"
 }
 ")
+endfunction()
+
+# Sets `out` to an install RUNPATH: the `leading` entries ($ORIGIN-relative ones), then the absolute
+# folder of torch's libraries and of every library in ARGN that is not in a system folder (the
+# loader searches those anyway). Explicit, unlike INSTALL_RPATH_USE_LINK_PATH, which would also
+# copy the stray link folders torch's CMake config declares (e.g. MKL's /lib/intel64).
+function(torchspeed_install_rpath out leading)
+  set(_dirs ${leading})
+  set(_system ${CMAKE_PLATFORM_IMPLICIT_LINK_DIRECTORIES} ${CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES})
+  foreach(_lib IN LISTS TORCH_LIBRARY ARGN)
+    if(IS_ABSOLUTE "${_lib}" AND EXISTS "${_lib}")
+      get_filename_component(_dir "${_lib}" DIRECTORY)
+      if(NOT _dir IN_LIST _system)
+        list(APPEND _dirs "${_dir}")
+      endif()
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES _dirs)
+  set(${out} "${_dirs}" PARENT_SCOPE)
 endfunction()

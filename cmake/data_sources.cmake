@@ -1,4 +1,4 @@
-# Source lists, include dirs, libraries and definitions of torchspeed.data (issue 4), included by the
+# Source lists, include dirs, libraries and definitions of torchspeed.data, included by the
 # top-level CMakeLists.txt. Sets variables only; it never creates or changes targets.
 set(_ts_data_root "${CMAKE_CURRENT_LIST_DIR}/..")
 
@@ -33,49 +33,75 @@ set(TORCHSPEED_DATA_DEFINITIONS "")
 
 find_package(PkgConfig QUIET)
 
-# libjpeg-turbo (TurboJPEG API). Without it JPEG samples fail at run time with a clear message.
-set(_ts_jpeg_found OFF)
-if(PkgConfig_FOUND)
-  pkg_check_modules(TORCHSPEED_TURBOJPEG QUIET libturbojpeg)
-  if(TORCHSPEED_TURBOJPEG_FOUND)
-    # Plain paths, not imported targets, so install(EXPORT) of libtorchspeed stays self-contained.
-    list(APPEND TORCHSPEED_DATA_INCLUDE_DIRS ${TORCHSPEED_TURBOJPEG_INCLUDE_DIRS})
-    list(APPEND TORCHSPEED_DATA_LIBS ${TORCHSPEED_TURBOJPEG_LINK_LIBRARIES})
-    set(_ts_jpeg_found ON)
-  endif()
-endif()
-if(NOT _ts_jpeg_found)
-  find_path(TORCHSPEED_TURBOJPEG_INCLUDE_DIR turbojpeg.h)
-  find_library(TORCHSPEED_TURBOJPEG_LIBRARY NAMES turbojpeg)
-  if(TORCHSPEED_TURBOJPEG_INCLUDE_DIR AND TORCHSPEED_TURBOJPEG_LIBRARY)
-    list(APPEND TORCHSPEED_DATA_INCLUDE_DIRS "${TORCHSPEED_TURBOJPEG_INCLUDE_DIR}")
-    list(APPEND TORCHSPEED_DATA_LIBS "${TORCHSPEED_TURBOJPEG_LIBRARY}")
-    set(_ts_jpeg_found ON)
-  endif()
-endif()
-if(_ts_jpeg_found)
-  set(TORCHSPEED_WITH_JPEG ON)
-  list(APPEND TORCHSPEED_DATA_DEFINITIONS TORCHSPEED_WITH_JPEG=1)
-  # The libjpeg API of the same libjpeg-turbo (optional): region decode for random crops.
+# JPEG and PNG are part of the default build: a missing library stops configure with what to
+# install and which option leaves the format out, instead of building a loader that fails at its
+# first batch. TORCHSPEED_TURBOJPEG_* / TORCHSPEED_LIBJPEG_* (cache) point at a custom install.
+set(_ts_debian_hint "On Debian/Ubuntu: apt-get install libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev")
+
+# Finds header `header` and library `lib` of the pkg-config module `module` into the cache
+# variables <var>_INCLUDE_DIR and <var>_LIBRARY (pkg-config's folders as hints); sets <var>_OK.
+macro(_ts_find_image_library var module header lib)
   if(PkgConfig_FOUND)
-    pkg_check_modules(TORCHSPEED_LIBJPEG QUIET libjpeg)
+    pkg_check_modules(_ts_pc_${var} QUIET ${module})
   endif()
-  if(TORCHSPEED_LIBJPEG_FOUND)
-    list(APPEND TORCHSPEED_DATA_INCLUDE_DIRS ${TORCHSPEED_LIBJPEG_INCLUDE_DIRS})
-    list(APPEND TORCHSPEED_DATA_LIBS ${TORCHSPEED_LIBJPEG_LINK_LIBRARIES})
-    list(APPEND TORCHSPEED_DATA_DEFINITIONS TORCHSPEED_WITH_LIBJPEG=1)
+  find_path(${var}_INCLUDE_DIR ${header} HINTS ${_ts_pc_${var}_INCLUDE_DIRS})
+  find_library(${var}_LIBRARY NAMES ${lib} HINTS ${_ts_pc_${var}_LIBRARY_DIRS})
+  # A user-set path is kept by find_path/find_library as it is: check that it holds the header.
+  if(${var}_INCLUDE_DIR AND EXISTS "${${var}_INCLUDE_DIR}/${header}" AND ${var}_LIBRARY
+     AND EXISTS "${${var}_LIBRARY}")
+    set(${var}_OK ON)
+  else()
+    set(${var}_OK OFF)
   endif()
+endmacro()
+
+if(TORCHSPEED_WITH_JPEG)
+  # libjpeg-turbo: the TurboJPEG API (decode, decode-time scaling) and the libjpeg API of the same
+  # library (region decode for random crops). Plain paths, not imported targets, so
+  # install(EXPORT) of libtorchspeed stays self-contained.
+  _ts_find_image_library(TORCHSPEED_TURBOJPEG libturbojpeg turbojpeg.h turbojpeg)
+  _ts_find_image_library(TORCHSPEED_LIBJPEG libjpeg jpeglib.h jpeg)
+  set(_ts_missing "")
+  if(NOT TORCHSPEED_TURBOJPEG_OK)
+    string(APPEND _ts_missing "\n  TurboJPEG API (turbojpeg.h, libturbojpeg; Debian package libturbojpeg0-dev): "
+      "include dir '${TORCHSPEED_TURBOJPEG_INCLUDE_DIR}', library '${TORCHSPEED_TURBOJPEG_LIBRARY}'")
+  endif()
+  if(NOT TORCHSPEED_LIBJPEG_OK)
+    string(APPEND _ts_missing "\n  libjpeg API (jpeglib.h, libjpeg; Debian package libjpeg62-turbo-dev): "
+      "include dir '${TORCHSPEED_LIBJPEG_INCLUDE_DIR}', library '${TORCHSPEED_LIBJPEG_LIBRARY}'")
+  endif()
+  if(_ts_missing)
+    message(FATAL_ERROR "torchspeed.data: JPEG decode needs libjpeg-turbo's development files; "
+      "not found:${_ts_missing}\n"
+      "${_ts_debian_hint}\n"
+      "Or build without JPEG decode: -DTORCHSPEED_WITH_JPEG=OFF "
+      "(pip: TORCHSPEED_WITH_JPEG=OFF pip install ...); JPEG samples then fail with an error naming "
+      "that option.\n"
+      "For a libjpeg-turbo in another prefix, add the prefix to CMAKE_PREFIX_PATH or set "
+      "TORCHSPEED_TURBOJPEG_INCLUDE_DIR / TORCHSPEED_TURBOJPEG_LIBRARY (and TORCHSPEED_LIBJPEG_*).")
+  endif()
+  list(APPEND TORCHSPEED_DATA_INCLUDE_DIRS "${TORCHSPEED_TURBOJPEG_INCLUDE_DIR}" "${TORCHSPEED_LIBJPEG_INCLUDE_DIR}")
+  list(APPEND TORCHSPEED_DATA_LIBS "${TORCHSPEED_TURBOJPEG_LIBRARY}" "${TORCHSPEED_LIBJPEG_LIBRARY}")
+  list(APPEND TORCHSPEED_DATA_DEFINITIONS TORCHSPEED_WITH_JPEG=1 TORCHSPEED_WITH_LIBJPEG=1)
 else()
-  set(TORCHSPEED_WITH_JPEG OFF)
   list(APPEND TORCHSPEED_DATA_DEFINITIONS TORCHSPEED_WITH_JPEG=0)
-  message(WARNING "torchspeed.data: libjpeg-turbo (libturbojpeg) not found; JPEG decode disabled")
+  message(STATUS "torchspeed.data: JPEG decode off (TORCHSPEED_WITH_JPEG=OFF)")
 endif()
 
-# libpng (required: PNG decode).
-find_package(PNG REQUIRED)
+# libpng: PNG decode, which the data area always has (TORCHSPEED_WITH_DATA=OFF leaves it all out).
+find_package(PNG)
+if(NOT PNG_FOUND)
+  message(FATAL_ERROR "torchspeed.data: PNG decode needs libpng's development files (png.h, "
+    "libpng and zlib); not found.\n"
+    "${_ts_debian_hint}\n"
+    "Or build without the data loader: -DTORCHSPEED_WITH_DATA=OFF "
+    "(pip: TORCHSPEED_WITH_DATA=OFF pip install ...).\n"
+    "For a libpng in another prefix, add it to CMAKE_PREFIX_PATH or set PNG_PNG_INCLUDE_DIR / PNG_LIBRARY.")
+endif()
 list(APPEND TORCHSPEED_DATA_INCLUDE_DIRS ${PNG_INCLUDE_DIRS})
 list(APPEND TORCHSPEED_DATA_LIBS ${PNG_LIBRARIES})
 list(APPEND TORCHSPEED_DATA_DEFINITIONS ${PNG_DEFINITIONS})
 
-unset(_ts_jpeg_found)
+unset(_ts_missing)
+unset(_ts_debian_hint)
 unset(_ts_data_root)

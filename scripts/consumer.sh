@@ -1,26 +1,48 @@
 #!/usr/bin/env bash
-# Builds and runs tests/consumer (a LibTorch app using find_package(torchspeed)) twice: against
-# the pip-installed package (torchspeed.cmake_prefix_path) and against `cmake --install` of the
-# C++ build (no Python involved in finding it). Then builds examples/cpp against the pip install
-# and runs the training example.
+# Builds and runs tests/consumer (LibTorch apps using find_package(torchspeed)) twice: against the
+# pip-installed package (torchspeed.cmake_prefix_path) and against `cmake --install` of the C++
+# build (no Python involved in finding it). Then builds examples/cpp against the pip install and
+# runs the training example. LD_LIBRARY_PATH is unset throughout: every binary must find its
+# libraries through RUNPATHs, as on a user's machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+unset LD_LIBRARY_PATH
 PY=${PYTHON:-python3}
 TORCH_CMAKE=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+TORCH_LIB=$("$PY" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 WHEEL_CMAKE=$(cd /tmp && "$PY" -c 'import torchspeed; print(torchspeed.cmake_prefix_path)')
-run_consumer() {  # name prefix_path
+WHEEL_LIB=$(cd /tmp && "$PY" -c 'import os, torchspeed; print(os.path.join(os.path.dirname(torchspeed.__file__), "lib"))')
+fail() { echo "FAILED: $*"; exit 1; }
+check_library() {  # libdir: libtorchspeed resolves every library it needs through its own RUNPATH
+  local lib=$1/libtorchspeed.so missing
+  readelf -d "$lib" | grep -E 'R(UN)?PATH' || fail "$lib has no RUNPATH"
+  missing=$(ldd "$lib" | grep 'not found' || true)
+  [ -z "$missing" ] || fail "$lib does not find:"$'\n'"$missing"
+}
+check_openmp() {  # app: when torch ships its libgomp, the app loads that one (one OpenMP runtime)
+  [ -e "$TORCH_LIB/libgomp.so.1" ] || return 0
+  local got
+  got=$(ldd "$1" | awk '$1 == "libgomp.so.1" {print $3}')
+  [ "$(readlink -f "$got")" = "$(readlink -f "$TORCH_LIB/libgomp.so.1")" ] ||
+    fail "$1 loads libgomp.so.1 from '$got', not torch's $TORCH_LIB/libgomp.so.1"
+}
+run_consumer() {  # name prefix_path libdir
   local dir=build/consumer-$1
+  check_library "$3"
   rm -rf "$dir"
   cmake -S tests/consumer -B "$dir" -G Ninja -DCMAKE_PREFIX_PATH="$2;$TORCH_CMAKE" >"$dir.log" 2>&1 || { cat "$dir.log"; return 1; }
   cmake --build "$dir" >>"$dir.log" 2>&1 || { cat "$dir.log"; return 1; }
+  "$dir/minimal_app"
   "$dir/consumer"
+  "$dir/dlopen_app"
+  check_openmp "$dir/minimal_app"
 }
 echo "consumer against the pip install ($WHEEL_CMAKE):"
-run_consumer wheel "$WHEEL_CMAKE"
+run_consumer wheel "$WHEEL_CMAKE" "$WHEEL_LIB"
 BUILD=${TORCHSPEED_BUILD_DIR:-build/release}
 cmake --install "$BUILD" --prefix "$PWD/build/cpp-install" >/dev/null
 echo "consumer against cmake --install ($PWD/build/cpp-install):"
-run_consumer install "$PWD/build/cpp-install/share/cmake"
+run_consumer install "$PWD/build/cpp-install/share/cmake" "$PWD/build/cpp-install/lib"
 
 echo "examples/cpp against the pip install:"
 data=$(cd /tmp && "$PY" -c 'import torchspeed._C as C; print("ON" if hasattr(C, "data") else "OFF")')
@@ -29,3 +51,4 @@ cmake -S examples/cpp -B build/examples -G Ninja -DCMAKE_PREFIX_PATH="$WHEEL_CMA
   -DTORCHSPEED_EXAMPLES_DATA="$data" >build/examples.log 2>&1 || { cat build/examples.log; exit 1; }
 cmake --build build/examples >>build/examples.log 2>&1 || { cat build/examples.log; exit 1; }
 build/examples/train_mlp 200
+check_openmp build/examples/train_mlp

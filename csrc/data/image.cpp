@@ -47,6 +47,13 @@ constexpr int64_t kMaxPixels = TORCHSPEED_DATA_MAX_PIXELS;
   throw std::runtime_error("torchspeed.data.decode: " + what);
 }
 
+#if !TORCHSPEED_WITH_JPEG
+constexpr const char* kJpegNotBuilt =
+    "JPEG decode is not in this build (configured with TORCHSPEED_WITH_JPEG=OFF); install "
+    "libjpeg-turbo (Debian: libturbojpeg0-dev libjpeg62-turbo-dev) and rebuild with "
+    "TORCHSPEED_WITH_JPEG=ON";
+#endif
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -418,7 +425,7 @@ void probe_image(const uint8_t* data, size_t size, int* width, int* height) {
       check_pixels(w, h);
       return;
 #else
-      decode_error("JPEG support was not built (libjpeg-turbo was not found at build time)");
+      decode_error(kJpegNotBuilt);
 #endif
     }
     case ImageFormat::kPng:
@@ -452,7 +459,7 @@ void decode_image(const uint8_t* data, size_t size, int scale_denom, RgbImage* o
     return;
 #else
     (void)scale_denom;
-    decode_error("JPEG support was not built (libjpeg-turbo was not found at build time)");
+    decode_error(kJpegNotBuilt);
 #endif
   }
   if (fmt == ImageFormat::kPng) {

@@ -41,6 +41,7 @@ def collect() -> dict:
         "cpu_model": cpu_model,
         "cpu_threads": torch.get_num_threads(),
         "features": built.get("features", []),
+        "build_options": [f"{k}={v}" for k, v in built.get("options", {}).items()],
         "compiler": built.get("cxx_compiler"),
         "build_type": built.get("build_type"),
         "sanitize": built.get("sanitize") or None,
