@@ -1,5 +1,6 @@
 // Decodes the image file argv[1] with the torch-free decoder compiled as TORCHSPEED_WITH_JPEG=OFF
-// builds it (TORCHSPEED_WITH_JPEG=0); prints the error and exits 3 when decode throws, 0 on success.
+// builds it (TORCHSPEED_WITH_JPEG=0); prints the error and exits 3 when decode throws, 0 on
+// success.
 #include <cstdio>
 #include <fstream>
 #include <iterator>

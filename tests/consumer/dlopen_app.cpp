@@ -1,5 +1,6 @@
 // Loads the installed libtorchspeed with dlopen from a process that links no torch library, as a
-// plugin host or ctypes does: it starts only if the library's own RUNPATH reaches torch's libraries.
+// plugin host or ctypes does: it starts only if the library's own RUNPATH reaches torch's
+// libraries.
 #include <dlfcn.h>
 
 #include <cstdio>

@@ -124,7 +124,9 @@ def test_jpeg_decode_in_a_jpeg_off_build_names_the_option(tmp_path):
     exe = tmp_path / "decode_without_jpeg"
     png_flags = ["-lpng"]
     if shutil.which("pkg-config"):
-        pc = subprocess.run(["pkg-config", "--cflags", "--libs", "libpng"], capture_output=True, text=True)
+        pc = subprocess.run(
+            ["pkg-config", "--cflags", "--libs", "libpng"], capture_output=True, text=True
+        )
         if pc.returncode == 0:
             png_flags = shlex.split(pc.stdout)
     cmd = [
@@ -161,7 +163,9 @@ def _env_without_ld_library_path() -> dict:
     return env
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RUNPATH is an ELF (Linux) feature")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="RUNPATH is an ELF (Linux) feature"
+)
 def test_libtorchspeed_loads_by_its_own_runpath_without_torch_loaded():
     # A process that has not imported torch: libc10/libtorch_cpu/libgomp must come from
     # libtorchspeed's RUNPATH, as for dlopen from a plugin host or a C++ app that lacks them.
@@ -191,7 +195,9 @@ def test_libtorchspeed_loads_by_its_own_runpath_without_torch_loaded():
         assert gomp == [(TORCH_LIB / "libgomp.so.1").resolve()], proc.stdout
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RUNPATH is an ELF (Linux) feature")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="RUNPATH is an ELF (Linux) feature"
+)
 def test_c_module_imports_with_ld_library_path_unset():
     code = "import torchspeed._C as C, torchspeed; assert C.version() == torchspeed.__version__"
     proc = subprocess.run(
