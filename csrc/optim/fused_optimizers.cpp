@@ -11,8 +11,8 @@
 
 #include "ops/optim_checks.h"
 #include "torchspeed/ops.h"
-#include "torchspeed/optim/hyperparams.h"
 #include "torchspeed/optim/adam.h"
+#include "torchspeed/optim/hyperparams.h"
 #include "torchspeed/optim/lion.h"
 #include "torchspeed/optim/sgd.h"
 
@@ -306,43 +306,46 @@ at::Tensor adam_family_step(Optimizer& self, const char* name,
                                    at::TensorList, double, double, double, double, double, bool,
                                    bool, bool, const OptTensor&, const OptTensor&, const OptTensor&,
                                    const OptTensor&, double)>();
-  return fused_step<Options>(self, name, closure,
-                             [&](const Options& o, const std::vector<at::Tensor>& bucket,
-                                 const OptTensor& coef, Staged& staged, std::vector<Call>& calls) {
-    const bool amsgrad = o.amsgrad();
-    std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps;
-    for (const auto& p : bucket) {
-      const bool master = wants_master(o.master_weights(), p);
-      auto& s = state_of<AdamParamState>(
-          self, staged, p, master,
-          [&](const AdamParamState& s) {
-            return s.step().defined() && s.exp_avg().defined() && s.exp_avg_sq().defined() &&
-                   (!amsgrad || s.max_exp_avg_sq().defined());
-          },
-          [&](AdamParamState& s) {
-            if (!s.step().defined()) s.step(zero_step(p));
-            if (!s.exp_avg().defined()) s.exp_avg(fp32_zeros_like(p));
-            if (!s.exp_avg_sq().defined()) s.exp_avg_sq(fp32_zeros_like(p));
-            if (amsgrad && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(fp32_zeros_like(p));
-          });
-      grads.push_back(contiguous_grad(p));
-      exp_avgs.push_back(s.exp_avg());
-      exp_avg_sqs.push_back(s.exp_avg_sq());
-      if (amsgrad) max_sqs.push_back(s.max_exp_avg_sq());
-      if (master) masters.push_back(s.master());
-      steps.push_back(s.step());
-    }
-    calls.push_back([=](bool validate_only) {
-      if (validate_only) {
-        ops::validate_adam_step(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps, {},
-                                {}, amsgrad, std::nullopt, std::nullopt, std::nullopt, coef);
-        return;
-      }
-      op.call(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps, {}, {}, o.lr(),
-              std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), amsgrad,
-              o.maximize(), decoupled(o), std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
-    });
-  });
+  return fused_step<Options>(
+      self, name, closure,
+      [&](const Options& o, const std::vector<at::Tensor>& bucket, const OptTensor& coef,
+          Staged& staged, std::vector<Call>& calls) {
+        const bool amsgrad = o.amsgrad();
+        std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps;
+        for (const auto& p : bucket) {
+          const bool master = wants_master(o.master_weights(), p);
+          auto& s = state_of<AdamParamState>(
+              self, staged, p, master,
+              [&](const AdamParamState& s) {
+                return s.step().defined() && s.exp_avg().defined() && s.exp_avg_sq().defined() &&
+                       (!amsgrad || s.max_exp_avg_sq().defined());
+              },
+              [&](AdamParamState& s) {
+                if (!s.step().defined()) s.step(zero_step(p));
+                if (!s.exp_avg().defined()) s.exp_avg(fp32_zeros_like(p));
+                if (!s.exp_avg_sq().defined()) s.exp_avg_sq(fp32_zeros_like(p));
+                if (amsgrad && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(fp32_zeros_like(p));
+              });
+          grads.push_back(contiguous_grad(p));
+          exp_avgs.push_back(s.exp_avg());
+          exp_avg_sqs.push_back(s.exp_avg_sq());
+          if (amsgrad) max_sqs.push_back(s.max_exp_avg_sq());
+          if (master) masters.push_back(s.master());
+          steps.push_back(s.step());
+        }
+        calls.push_back([=](bool validate_only) {
+          if (validate_only) {
+            ops::validate_adam_step(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps,
+                                    {}, {}, amsgrad, std::nullopt, std::nullopt, std::nullopt,
+                                    coef);
+            return;
+          }
+          op.call(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps, {}, {}, o.lr(),
+                  std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+                  amsgrad, o.maximize(), decoupled(o), std::nullopt, std::nullopt, std::nullopt,
+                  coef, 0.0);
+        });
+      });
 }
 
 // ---- SGD ----------------------------------------------------------------------------------------
@@ -414,23 +417,24 @@ void add_group(const char* name, Optimizer& self, const torch::optim::OptimizerP
                 p.defined() ? c10::str(p.scalar_type(), " ", p.layout()) : std::string("None"));
   }
   self.Optimizer::add_param_group(group);
-  if (group.has_options()) self.param_groups().back().set_options(std::make_unique<Options>(merged));
+  if (group.has_options())
+    self.param_groups().back().set_options(std::make_unique<Options>(merged));
 }
 
 // Every state tensor but `step` must have its param's number of elements.
-#define TORCHSPEED_CHECK_TENSOR(name)                                                            \
+#define TORCHSPEED_CHECK_TENSOR(name)                                                             \
   if (std::string_view(#name) != "step" && s.name().defined()) {                                  \
     TORCH_CHECK_VALUE(s.name().numel() == p.numel(), "torchspeed.optim.", optimizer, ": ", where, \
-                      "." #name " must have ", p.numel(), " elements like its param, got ",      \
-                      s.name().numel());                                                         \
+                      "." #name " must have ", p.numel(), " elements like its param, got ",       \
+                      s.name().numel());                                                          \
   }
-#define TORCHSPEED_CHECK_STATE(State, TENSORS)                                            \
-  void check_state(const char* optimizer, const std::string& where, const State& s,       \
-                   const at::Tensor& p) {                                                 \
-    TENSORS(TORCHSPEED_CHECK_TENSOR)                                                      \
-    TORCH_CHECK_VALUE(!s.step().defined() || s.step().numel() == 1, "torchspeed.optim.",  \
-                      optimizer, ": ", where, ".step must have one element, got ",        \
-                      s.step().sizes());                                                  \
+#define TORCHSPEED_CHECK_STATE(State, TENSORS)                                           \
+  void check_state(const char* optimizer, const std::string& where, const State& s,      \
+                   const at::Tensor& p) {                                                \
+    TENSORS(TORCHSPEED_CHECK_TENSOR)                                                     \
+    TORCH_CHECK_VALUE(!s.step().defined() || s.step().numel() == 1, "torchspeed.optim.", \
+                      optimizer, ": ", where, ".step must have one element, got ",       \
+                      s.step().sizes());                                                 \
   }
 TORCHSPEED_CHECK_STATE(AdamParamState, TORCHSPEED_ADAM_STATE)
 TORCHSPEED_CHECK_STATE(LionParamState, TORCHSPEED_LION_STATE)
@@ -557,55 +561,55 @@ torch::Tensor SGD::step(LossClosure closure) {
                                    at::TensorList, at::TensorList, double, double, double, double,
                                    bool, bool, bool, const OptTensor&, const OptTensor&,
                                    const OptTensor&, const OptTensor&, double)>();
-  return fused_step<SGDOptions>(*this, "SGD", closure,
-                                [&](const SGDOptions& o, const std::vector<at::Tensor>& by_master,
-                                    const OptTensor& coef, Staged& staged,
-                                    std::vector<Call>& calls) {
-    const bool with_momentum = o.momentum() != 0;
-    // Params without a momentum buffer yet start it from their grad (first_step = true).
-    std::vector<std::vector<at::Tensor>> buckets;
-    if (with_momentum) {
-      std::vector<at::Tensor> fresh, old;
-      for (const auto& p : by_master) (has_buffer(*this, p) ? old : fresh).push_back(p);
-      for (auto* b : {&fresh, &old}) {
-        if (!b->empty()) buckets.push_back(std::move(*b));
-      }
-    } else {
-      buckets.push_back(by_master);
-    }
-    for (const auto& bucket : buckets) {
-      const bool first_step = with_momentum && !has_buffer(*this, bucket[0]);
-      std::vector<at::Tensor> grads, buffers, masters;
-      for (const auto& p : bucket) {
-        const bool master = wants_master(o.master_weights(), p);
-        auto& s = state_of<SGDParamState>(
-            *this, staged, p, master,
-            [&](const SGDParamState& s) {
-              return !with_momentum || s.momentum_buffer().defined();
-            },
-            [&](SGDParamState& s) {
-              if (with_momentum && !s.momentum_buffer().defined()) {
-                s.momentum_buffer(fp32_zeros_like(p));
-              }
-            });
-        grads.push_back(contiguous_grad(p));
-        if (with_momentum) buffers.push_back(s.momentum_buffer());
-        if (master) masters.push_back(s.master());
-      }
-      const bool nesterov = o.nesterov() && with_momentum;
-      calls.push_back([=](bool validate_only) {
-        if (validate_only) {
-          ops::validate_sgd_step(bucket, grads, buffers, masters, {}, {}, o.momentum(),
-                                 o.dampening(), nesterov, std::nullopt, std::nullopt,
-                                 std::nullopt, coef);
-          return;
+  return fused_step<SGDOptions>(
+      *this, "SGD", closure,
+      [&](const SGDOptions& o, const std::vector<at::Tensor>& by_master, const OptTensor& coef,
+          Staged& staged, std::vector<Call>& calls) {
+        const bool with_momentum = o.momentum() != 0;
+        // Params without a momentum buffer yet start it from their grad (first_step = true).
+        std::vector<std::vector<at::Tensor>> buckets;
+        if (with_momentum) {
+          std::vector<at::Tensor> fresh, old;
+          for (const auto& p : by_master) (has_buffer(*this, p) ? old : fresh).push_back(p);
+          for (auto* b : {&fresh, &old}) {
+            if (!b->empty()) buckets.push_back(std::move(*b));
+          }
+        } else {
+          buckets.push_back(by_master);
         }
-        op.call(bucket, grads, buffers, masters, {}, {}, o.lr(), o.momentum(), o.dampening(),
-                o.weight_decay(), nesterov, o.maximize(), first_step, std::nullopt, std::nullopt,
-                std::nullopt, coef, 0.0);
+        for (const auto& bucket : buckets) {
+          const bool first_step = with_momentum && !has_buffer(*this, bucket[0]);
+          std::vector<at::Tensor> grads, buffers, masters;
+          for (const auto& p : bucket) {
+            const bool master = wants_master(o.master_weights(), p);
+            auto& s = state_of<SGDParamState>(
+                *this, staged, p, master,
+                [&](const SGDParamState& s) {
+                  return !with_momentum || s.momentum_buffer().defined();
+                },
+                [&](SGDParamState& s) {
+                  if (with_momentum && !s.momentum_buffer().defined()) {
+                    s.momentum_buffer(fp32_zeros_like(p));
+                  }
+                });
+            grads.push_back(contiguous_grad(p));
+            if (with_momentum) buffers.push_back(s.momentum_buffer());
+            if (master) masters.push_back(s.master());
+          }
+          const bool nesterov = o.nesterov() && with_momentum;
+          calls.push_back([=](bool validate_only) {
+            if (validate_only) {
+              ops::validate_sgd_step(bucket, grads, buffers, masters, {}, {}, o.momentum(),
+                                     o.dampening(), nesterov, std::nullopt, std::nullopt,
+                                     std::nullopt, coef);
+              return;
+            }
+            op.call(bucket, grads, buffers, masters, {}, {}, o.lr(), o.momentum(), o.dampening(),
+                    o.weight_decay(), nesterov, o.maximize(), first_step, std::nullopt,
+                    std::nullopt, std::nullopt, coef, 0.0);
+          });
+        }
       });
-    }
-  });
 }
 
 Lion::Lion(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LionOptions defaults)
@@ -623,36 +627,36 @@ torch::Tensor Lion::step(LossClosure closure) {
                                    at::TensorList, at::TensorList, at::TensorList, double, double,
                                    double, double, bool, const OptTensor&, const OptTensor&,
                                    const OptTensor&, const OptTensor&, double)>();
-  return fused_step<LionOptions>(*this, "Lion", closure,
-                                 [&](const LionOptions& o, const std::vector<at::Tensor>& bucket,
-                                     const OptTensor& coef, Staged& staged,
-                                     std::vector<Call>& calls) {
-    std::vector<at::Tensor> grads, exp_avgs, masters, steps;
-    for (const auto& p : bucket) {
-      const bool master = wants_master(o.master_weights(), p);
-      auto& s = state_of<LionParamState>(
-          *this, staged, p, master,
-          [](const LionParamState& s) { return s.step().defined() && s.exp_avg().defined(); },
-          [&](LionParamState& s) {
-            if (!s.step().defined()) s.step(zero_step(p));
-            if (!s.exp_avg().defined()) s.exp_avg(fp32_zeros_like(p));
-          });
-      grads.push_back(contiguous_grad(p));
-      exp_avgs.push_back(s.exp_avg());
-      if (master) masters.push_back(s.master());
-      steps.push_back(s.step());
-    }
-    calls.push_back([=](bool validate_only) {
-      if (validate_only) {
-        ops::validate_lion_step(bucket, grads, exp_avgs, masters, steps, {}, {}, std::nullopt,
-                                std::nullopt, std::nullopt, coef);
-        return;
-      }
-      op.call(bucket, grads, exp_avgs, masters, steps, {}, {}, o.lr(), std::get<0>(o.betas()),
-              std::get<1>(o.betas()), o.weight_decay(), o.maximize(), std::nullopt, std::nullopt,
-              std::nullopt, coef, 0.0);
-    });
-  });
+  return fused_step<LionOptions>(
+      *this, "Lion", closure,
+      [&](const LionOptions& o, const std::vector<at::Tensor>& bucket, const OptTensor& coef,
+          Staged& staged, std::vector<Call>& calls) {
+        std::vector<at::Tensor> grads, exp_avgs, masters, steps;
+        for (const auto& p : bucket) {
+          const bool master = wants_master(o.master_weights(), p);
+          auto& s = state_of<LionParamState>(
+              *this, staged, p, master,
+              [](const LionParamState& s) { return s.step().defined() && s.exp_avg().defined(); },
+              [&](LionParamState& s) {
+                if (!s.step().defined()) s.step(zero_step(p));
+                if (!s.exp_avg().defined()) s.exp_avg(fp32_zeros_like(p));
+              });
+          grads.push_back(contiguous_grad(p));
+          exp_avgs.push_back(s.exp_avg());
+          if (master) masters.push_back(s.master());
+          steps.push_back(s.step());
+        }
+        calls.push_back([=](bool validate_only) {
+          if (validate_only) {
+            ops::validate_lion_step(bucket, grads, exp_avgs, masters, steps, {}, {}, std::nullopt,
+                                    std::nullopt, std::nullopt, coef);
+            return;
+          }
+          op.call(bucket, grads, exp_avgs, masters, steps, {}, {}, o.lr(), std::get<0>(o.betas()),
+                  std::get<1>(o.betas()), o.weight_decay(), o.maximize(), std::nullopt,
+                  std::nullopt, std::nullopt, coef, 0.0);
+        });
+      });
 }
 
 LAMB::LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LAMBOptions defaults)
@@ -670,40 +674,40 @@ torch::Tensor LAMB::step(LossClosure closure) {
                                    at::TensorList, at::TensorList, at::TensorList, at::TensorList,
                                    double, double, double, double, double, bool, const OptTensor&,
                                    const OptTensor&, const OptTensor&, const OptTensor&, double)>();
-  return fused_step<LAMBOptions>(*this, "LAMB", closure,
-                                 [&](const LAMBOptions& o, const std::vector<at::Tensor>& bucket,
-                                     const OptTensor& coef, Staged& staged,
-                                     std::vector<Call>& calls) {
-    std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, masters, steps;
-    for (const auto& p : bucket) {
-      const bool master = wants_master(o.master_weights(), p);
-      auto& s = state_of<LAMBParamState>(
-          *this, staged, p, master,
-          [](const LAMBParamState& s) {
-            return s.step().defined() && s.exp_avg().defined() && s.exp_avg_sq().defined();
-          },
-          [&](LAMBParamState& s) {
-            if (!s.step().defined()) s.step(zero_step(p));
-            if (!s.exp_avg().defined()) s.exp_avg(fp32_zeros_like(p));
-            if (!s.exp_avg_sq().defined()) s.exp_avg_sq(fp32_zeros_like(p));
-          });
-      grads.push_back(contiguous_grad(p));
-      exp_avgs.push_back(s.exp_avg());
-      exp_avg_sqs.push_back(s.exp_avg_sq());
-      if (master) masters.push_back(s.master());
-      steps.push_back(s.step());
-    }
-    calls.push_back([=](bool validate_only) {
-      if (validate_only) {
-        ops::validate_lamb_step(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {},
-                                std::nullopt, std::nullopt, std::nullopt, coef);
-        return;
-      }
-      op.call(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {}, o.lr(),
-              std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-              o.maximize(), std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
-    });
-  });
+  return fused_step<LAMBOptions>(
+      *this, "LAMB", closure,
+      [&](const LAMBOptions& o, const std::vector<at::Tensor>& bucket, const OptTensor& coef,
+          Staged& staged, std::vector<Call>& calls) {
+        std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, masters, steps;
+        for (const auto& p : bucket) {
+          const bool master = wants_master(o.master_weights(), p);
+          auto& s = state_of<LAMBParamState>(
+              *this, staged, p, master,
+              [](const LAMBParamState& s) {
+                return s.step().defined() && s.exp_avg().defined() && s.exp_avg_sq().defined();
+              },
+              [&](LAMBParamState& s) {
+                if (!s.step().defined()) s.step(zero_step(p));
+                if (!s.exp_avg().defined()) s.exp_avg(fp32_zeros_like(p));
+                if (!s.exp_avg_sq().defined()) s.exp_avg_sq(fp32_zeros_like(p));
+              });
+          grads.push_back(contiguous_grad(p));
+          exp_avgs.push_back(s.exp_avg());
+          exp_avg_sqs.push_back(s.exp_avg_sq());
+          if (master) masters.push_back(s.master());
+          steps.push_back(s.step());
+        }
+        calls.push_back([=](bool validate_only) {
+          if (validate_only) {
+            ops::validate_lamb_step(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {},
+                                    std::nullopt, std::nullopt, std::nullopt, coef);
+            return;
+          }
+          op.call(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {}, o.lr(),
+                  std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+                  o.maximize(), std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
+        });
+      });
 }
 
 // add_param_group, save and load: the same for every optimizer.

@@ -38,8 +38,8 @@ void check_hyperparameter(const std::string& optimizer, const std::string& name,
   } else {
     TORCH_CHECK(false, "torchspeed.optim.", optimizer, ": unknown hyperparameter '", name, "'");
   }
-  TORCH_CHECK_VALUE(ok, "torchspeed.optim.", optimizer, ": ", name, " must be ", expected,
-                    ", got ", value);
+  TORCH_CHECK_VALUE(ok, "torchspeed.optim.", optimizer, ": ", name, " must be ", expected, ", got ",
+                    value);
 }
 
 void check_nesterov(const std::string& optimizer, bool nesterov, double momentum,

@@ -36,16 +36,15 @@ void bind_optim(pybind11::module_& m) {
                                       masters, steps, masks, emas, amsgrad, lr_tensor, grad_scale,
                                       found_inf, clip_coef);
             });
-  optim.def("validate_sgd_step",
-            [](const Tensors& params, const Tensors& grads, const Tensors& momentum_buffers,
-               const Tensors& masters, const Tensors& masks, const Tensors& emas, double momentum,
-               double dampening, bool nesterov, const OptTensor& lr_tensor,
-               const OptTensor& grad_scale, const OptTensor& found_inf,
-               const OptTensor& clip_coef) {
-              ops::validate_sgd_step(params, grads, momentum_buffers, masters, masks, emas,
-                                     momentum, dampening, nesterov, lr_tensor, grad_scale,
-                                     found_inf, clip_coef);
-            });
+  optim.def(
+      "validate_sgd_step",
+      [](const Tensors& params, const Tensors& grads, const Tensors& momentum_buffers,
+         const Tensors& masters, const Tensors& masks, const Tensors& emas, double momentum,
+         double dampening, bool nesterov, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+         const OptTensor& found_inf, const OptTensor& clip_coef) {
+        ops::validate_sgd_step(params, grads, momentum_buffers, masters, masks, emas, momentum,
+                               dampening, nesterov, lr_tensor, grad_scale, found_inf, clip_coef);
+      });
   optim.def("validate_lion_step",
             [](const Tensors& params, const Tensors& grads, const Tensors& exp_avgs,
                const Tensors& masters, const Tensors& steps, const Tensors& masks,
@@ -54,15 +53,15 @@ void bind_optim(pybind11::module_& m) {
               ops::validate_lion_step(params, grads, exp_avgs, masters, steps, masks, emas,
                                       lr_tensor, grad_scale, found_inf, clip_coef);
             });
-  optim.def("validate_lamb_step",
-            [](const Tensors& params, const Tensors& grads, const Tensors& exp_avgs,
-               const Tensors& exp_avg_sqs, const Tensors& masters, const Tensors& steps,
-               const Tensors& masks, const Tensors& emas, const OptTensor& lr_tensor,
-               const OptTensor& grad_scale, const OptTensor& found_inf,
-               const OptTensor& clip_coef) {
-              ops::validate_lamb_step(params, grads, exp_avgs, exp_avg_sqs, masters, steps, masks,
-                                      emas, lr_tensor, grad_scale, found_inf, clip_coef);
-            });
+  optim.def(
+      "validate_lamb_step",
+      [](const Tensors& params, const Tensors& grads, const Tensors& exp_avgs,
+         const Tensors& exp_avg_sqs, const Tensors& masters, const Tensors& steps,
+         const Tensors& masks, const Tensors& emas, const OptTensor& lr_tensor,
+         const OptTensor& grad_scale, const OptTensor& found_inf, const OptTensor& clip_coef) {
+        ops::validate_lamb_step(params, grads, exp_avgs, exp_avg_sqs, masters, steps, masks, emas,
+                                lr_tensor, grad_scale, found_inf, clip_coef);
+      });
 }
 
 }  // namespace torchspeed::python

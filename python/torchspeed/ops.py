@@ -37,7 +37,14 @@ def grad_stats(
     if not tensors:
         # No tensor for the dispatcher to choose a kernel by: answer as
         # torch.nn.utils.clip_grad_norm_([]) does (norm 0, nothing non-finite).
-        device = inv_scale.device if inv_scale is not None else torch.device("cpu")
+        device = torch.device("cpu")
+        if inv_scale is not None:
+            if inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
+                raise RuntimeError(
+                    "torchspeed.grad_stats_unscale_: inv_scale must be a one-element float32 "
+                    f"tensor, got {inv_scale.dtype} of shape {list(inv_scale.shape)}"
+                )
+            device = inv_scale.device
         zero = torch.zeros((), dtype=torch.float32, device=device)
         return GradStats(zero, torch.zeros(0, dtype=torch.float32, device=device), zero.clone())
     if inv_scale is None:

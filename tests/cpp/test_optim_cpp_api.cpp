@@ -789,7 +789,8 @@ TEST_CASE("the C++ optimizers reject exactly what the shared hyperparameter vali
                     c10::ValueError);
 }
 
-TEST_CASE("a bad option in a later group (set after construction) fails the step before any write") {
+TEST_CASE(
+    "a bad option in a later group (set after construction) fails the step before any write") {
   using namespace torchspeed::optim;
   auto a = torch::randn({100000}).requires_grad_(true);
   auto b = torch::randn({10}).requires_grad_(true);
@@ -822,9 +823,9 @@ TEST_CASE("a bad option in a later group (set after construction) fails the step
       static_cast<AdamParamState&>(*opt.state().at(a.unsafeGetTensorImpl())).step().item<float>();
   REQUIRE_THROWS_AS(opt.step(), c10::Error);
   REQUIRE(torch::equal(a.detach(), a1));
-  REQUIRE(static_cast<AdamParamState&>(*opt.state().at(a.unsafeGetTensorImpl()))
-              .step()
-              .item<float>() == step_a);
+  REQUIRE(
+      static_cast<AdamParamState&>(*opt.state().at(a.unsafeGetTensorImpl())).step().item<float>() ==
+      step_a);
 }
 
 TEST_CASE("max_grad_norm is per group, like clip_grad_norm_ applied to each group") {
@@ -832,11 +833,11 @@ TEST_CASE("max_grad_norm is per group, like clip_grad_norm_ applied to each grou
   auto ref = clone_params(ours, at::kFloat);
   using namespace torchspeed::optim;
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(ParamList{ours[0], ours[1]}, std::make_unique<AdamOptions>(
-                                                       AdamOptions(1e-2).max_grad_norm(0.5)));
+  groups.emplace_back(ParamList{ours[0], ours[1]},
+                      std::make_unique<AdamOptions>(AdamOptions(1e-2).max_grad_norm(0.5)));
   groups.emplace_back(ParamList{ours[2]});  // no clipping
-  groups.emplace_back(ParamList{ours[3]}, std::make_unique<AdamOptions>(
-                                              AdamOptions(1e-2).max_grad_norm(0.0)));
+  groups.emplace_back(ParamList{ours[3]},
+                      std::make_unique<AdamOptions>(AdamOptions(1e-2).max_grad_norm(0.0)));
   Adam opt(groups, AdamOptions(1e-2));
   torch::optim::Adam ref_opt(ref, torch::optim::AdamOptions(1e-2));
   for (int s = 0; s < 10; ++s) {
@@ -863,8 +864,7 @@ TEST_CASE("a param listed twice is updated twice in order, deterministically, li
       opt = std::make_unique<torchspeed::optim::Adam>(ParamList{p, p},
                                                       torchspeed::optim::AdamOptions(1e-2));
     } else {
-      opt = std::make_unique<torch::optim::Adam>(ParamList{p, p},
-                                                 torch::optim::AdamOptions(1e-2));
+      opt = std::make_unique<torch::optim::Adam>(ParamList{p, p}, torch::optim::AdamOptions(1e-2));
     }
     for (int s = 0; s < 4; ++s) {
       torch::manual_seed(50 + s);
@@ -899,9 +899,8 @@ TEST_CASE("a failing load leaves the optimizer as it was; an int64 step is conve
   Adam fresh(ParamList{p}, AdamOptions(1e-2));
   p.mutable_grad() = torch::ones({10});
   fresh.step();
-  const auto before = static_cast<AdamParamState&>(*fresh.state().at(p.unsafeGetTensorImpl()))
-                          .exp_avg()
-                          .clone();
+  const auto before =
+      static_cast<AdamParamState&>(*fresh.state().at(p.unsafeGetTensorImpl())).exp_avg().clone();
   torch::serialize::InputArchive in;
   in.load_from(bad);
   try {
@@ -913,8 +912,7 @@ TEST_CASE("a failing load leaves the optimizer as it was; an int64 step is conve
   }
   REQUIRE(fresh.param_groups()[0].options().get_lr() == 1e-2);
   REQUIRE(torch::equal(
-      static_cast<AdamParamState&>(*fresh.state().at(p.unsafeGetTensorImpl())).exp_avg(),
-      before));
+      static_cast<AdamParamState&>(*fresh.state().at(p.unsafeGetTensorImpl())).exp_avg(), before));
 
   // An int64 step (older checkpoints) becomes a 0-dim float32 tensor at load time.
   st.exp_avg(torch::zeros({10}));

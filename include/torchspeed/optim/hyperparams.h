@@ -2,7 +2,8 @@
 // torchspeed._C.optim) by the Python ones, so both accept and reject exactly the same values.
 //
 //   torchspeed::optim::check_hyperparameter("Adam", "lr", 1e-3);           // ok
-//   torchspeed::optim::check_hyperparameter("Adam", "betas[1]", 1.0);      // throws c10::ValueError
+//   torchspeed::optim::check_hyperparameter("Adam", "betas[1]", 1.0);      // throws
+//   c10::ValueError
 #pragma once
 
 #include <string>

@@ -185,7 +185,8 @@ class FusedOptimizer(Optimizer):
             ):
                 raise ValueError(
                     f"torchspeed.optim.{name}: {prefix}betas must be a pair of floats, got "
-                    f"{betas!r}" + (" (Tensor betas are not supported)" if _has_tensor(betas) else "")
+                    f"{betas!r}"
+                    + (" (Tensor betas are not supported)" if _has_tensor(betas) else "")
                 )
             for i, b in enumerate(betas):
                 _check_value(name, f"{prefix}betas[{i}]", b)
@@ -361,7 +362,7 @@ class FusedOptimizer(Optimizer):
             after()
         elif prepared:
             if not compiling:
-                for op, args, kwargs, _ in prepared:
+                for _op, args, kwargs, _after in prepared:
                     self._validate_call(args, kwargs)
             self.state.update(staged)
             for op, args, kwargs, after in prepared:
@@ -430,17 +431,13 @@ class FusedOptimizer(Optimizer):
         wants_master = self._wants_master(group, params[0])  # shared by a bucket
         need_ema = group["ema_decay"] is not None
         keys = self._state_keys_for(group)
+        keys += ("master",) * wants_master + ("ema",) * need_ema
         states = []
         for p in params:
-            s = staged.get(p)
+            s = staged.get(p) if staged else None
             if s is None:
                 s = state_of.get(p)
-                if (
-                    not s
-                    or (wants_master and "master" not in s)
-                    or (need_ema and "ema" not in s)
-                    or any(s.get(k) is None for k in keys)
-                ):
+                if not s or _missing(s, keys):
                     s = staged[p] = self._new_state(group, p, s)
             states.append(s)
         grads = [p.grad for p in params]
@@ -480,6 +477,14 @@ class FusedOptimizer(Optimizer):
     def _validate_call(self, args, kwargs) -> None:
         """Runs the op's own argument validator (C++) on one prepared call."""
         raise NotImplementedError
+
+
+def _missing(state: Dict[str, Any], keys: tuple) -> bool:
+    # A loop, not `None in map(...)`: `in` would compare tensors with == None.
+    for key in keys:
+        if state.get(key) is None:
+            return True
+    return False
 
 
 def _has_tensor(values) -> bool:
