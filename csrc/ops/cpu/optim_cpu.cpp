@@ -63,8 +63,6 @@ OptimChunk make_chunk(const StepArgs& a, const std::vector<at::Tensor>& grads, c
                     c.length};
 }
 
-/// Runs one fused step. `base` holds the hyperparameters; per-tensor bias corrections are filled
-/// in from each param's step count.
 void run_step(const StepArgs& a, OptimScalars base);
 
 at::TensorList element(at::TensorList list, size_t i) {
@@ -84,6 +82,8 @@ void run_step_sequentially(const StepArgs& a, const OptimScalars& base) {
   }
 }
 
+/// Runs one fused step. `base` holds the hyperparameters; per-tensor bias corrections are filled
+/// in from each param's step count.
 void run_step(const StepArgs& a, OptimScalars base) {
   if (a.params.size() > 1 &&
       writes_overlap({a.params, a.state0, a.state1, a.state2, a.masters, a.steps, a.emas})) {
