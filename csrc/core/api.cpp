@@ -35,12 +35,20 @@ using StatsTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 GradStats to_stats(StatsTuple t) {
   return {std::move(std::get<0>(t)), std::move(std::get<1>(t)), std::move(std::get<2>(t))};
 }
+
+// An empty list has no tensor for the dispatcher to pick a kernel by: answer here, as
+// torch.nn.utils.clip_grad_norm_([]) does (norm 0, nothing non-finite), on `device`.
+GradStats empty_stats(const at::Device& device) {
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  return {at::zeros({}, opts), at::empty({0}, opts), at::zeros({}, opts)};
+}
 }  // namespace
 
 GradStats grad_stats(at::TensorList tensors, bool per_tensor) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchspeed::grad_stats", "")
                        .typed<StatsTuple(at::TensorList, bool)>();
+  if (tensors.empty()) return empty_stats(at::kCPU);
   return to_stats(op.call(tensors, per_tensor));
 }
 
@@ -49,6 +57,10 @@ GradStats grad_stats_unscale_(at::TensorList tensors, const at::Tensor& inv_scal
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchspeed::grad_stats_unscale_", "")
                        .typed<StatsTuple(at::TensorList, const at::Tensor&, bool)>();
+  if (tensors.empty()) {
+    ops::check_scalar_tensor("grad_stats_unscale_", "inv_scale", inv_scale, inv_scale.device());
+    return empty_stats(inv_scale.device());
+  }
   return to_stats(op.call(tensors, inv_scale, per_tensor));
 }
 

@@ -4,8 +4,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "ops/checks.h"
 
@@ -132,6 +136,29 @@ inline void check_masks(const char* op, at::TensorList params, at::TensorList ma
 }
 
 using OptTensor = std::optional<at::Tensor>;
+
+/// True when two tensors the op writes share memory: a param listed twice (tied weights collected
+/// by hand), or params that are views of one storage. The chunks of one call run in parallel, so
+/// the CPU and CUDA ops then update the params one after the other in list order, which is what
+/// torch.optim's for-loop does. Only for real (CPU/CUDA) tensors: a tensor's span is
+/// [data_ptr, data_ptr + numel * itemsize), as the validated tensors are dense.
+inline bool writes_overlap(std::initializer_list<at::TensorList> lists) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  for (const at::TensorList& list : lists) {
+    for (const at::Tensor& t : list) {
+      if (!t.defined() || t.numel() == 0) continue;
+      const auto begin = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+      spans.emplace_back(begin, begin + static_cast<uintptr_t>(t.numel() * t.element_size()));
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  uintptr_t end = 0;
+  for (const auto& [b, e] : spans) {
+    if (b < end) return true;
+    end = std::max(end, e);
+  }
+  return false;
+}
 
 // One validator per op, with the op's own argument names; CPU, CUDA and Meta call them first.
 

@@ -5,12 +5,14 @@
 #include <torch/serialize/archive.h>
 #include <torch/utils.h>
 
-#include <set>
+#include <functional>
 #include <string>
 #include <string_view>
 
+#include "ops/optim_checks.h"
 #include "torchspeed/ops.h"
 #include "torchspeed/optim/adam.h"
+#include "torchspeed/optim/hyperparams.h"
 #include "torchspeed/optim/lion.h"
 #include "torchspeed/optim/sgd.h"
 
@@ -61,21 +63,58 @@ bool wants_master(const std::optional<bool>& master_weights, const at::Tensor& p
          master_weights.value_or(true);
 }
 
-void check_betas(const char* name, const std::tuple<double, double>& betas) {
-  const double b[2] = {std::get<0>(betas), std::get<1>(betas)};
-  for (int i = 0; i < 2; ++i) {
-    TORCH_CHECK(0.0 <= b[i] && b[i] < 1.0, "torchspeed.optim.", name, ": betas[", i,
-                "] must be in [0, 1), got ", b[i]);
-  }
+// Every numeric option through the validator the Python optimizers share
+// (torchspeed/optim/hyperparams.h). `where` is "" for the defaults, "param_groups[i]." for a group.
+void check_common(const char* name, const std::string& where, double lr, double weight_decay,
+                  const std::optional<double>& max_grad_norm) {
+  check_hyperparameter(name, where + "lr", lr);
+  check_hyperparameter(name, where + "weight_decay", weight_decay);
+  if (max_grad_norm) check_hyperparameter(name, where + "max_grad_norm", *max_grad_norm);
 }
 
-void check_common_options(const char* name, double lr, double weight_decay,
-                          const std::optional<double>& max_grad_norm) {
-  TORCH_CHECK(lr >= 0, "torchspeed.optim.", name, ": lr must be >= 0, got ", lr);
-  TORCH_CHECK(weight_decay >= 0, "torchspeed.optim.", name, ": weight_decay must be >= 0, got ",
-              weight_decay);
-  TORCH_CHECK(!max_grad_norm || *max_grad_norm > 0, "torchspeed.optim.", name,
-              ": max_grad_norm must be > 0 or unset, got ", max_grad_norm.value_or(0));
+void check_betas(const char* name, const std::string& where, const std::tuple<double, double>& b) {
+  check_hyperparameter(name, where + "betas[0]", std::get<0>(b));
+  check_hyperparameter(name, where + "betas[1]", std::get<1>(b));
+}
+
+template <typename Options>
+void check_adam_family(const char* name, const std::string& where, const Options& o) {
+  check_common(name, where, o.lr(), o.weight_decay(), o.max_grad_norm());
+  check_hyperparameter(name, where + "eps", o.eps());
+  check_betas(name, where, o.betas());
+}
+void check_options(const char* name, const std::string& where, const AdamOptions& o) {
+  check_adam_family(name, where, o);
+}
+void check_options(const char* name, const std::string& where, const AdamWOptions& o) {
+  check_adam_family(name, where, o);
+}
+void check_options(const char* name, const std::string& where, const SGDOptions& o) {
+  check_common(name, where, o.lr(), o.weight_decay(), o.max_grad_norm());
+  check_hyperparameter(name, where + "momentum", o.momentum());
+  check_hyperparameter(name, where + "dampening", o.dampening());
+  // As torch: the defaults need momentum for nesterov; in a group without momentum it is plain SGD.
+  check_nesterov(name, o.nesterov() && (where.empty() || o.momentum() != 0), o.momentum(),
+                 o.dampening());
+}
+void check_options(const char* name, const std::string& where, const LionOptions& o) {
+  check_common(name, where, o.lr(), o.weight_decay(), o.max_grad_norm());
+  check_betas(name, where, o.betas());
+}
+void check_options(const char* name, const std::string& where, const LAMBOptions& o) {
+  check_common(name, where, o.lr(), o.weight_decay(), o.max_grad_norm());
+  check_hyperparameter(name, where + "eps", o.eps());
+  check_betas(name, where, o.betas());
+}
+
+std::string group_prefix(size_t g) { return c10::str("param_groups[", g, "]."); }
+
+template <typename Options>
+void check_all_groups(const char* name, const Optimizer& self) {
+  const auto& groups = self.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    check_options(name, group_prefix(g), static_cast<const Options&>(groups[g].options()));
+  }
 }
 
 // Every param the optimizer holds must be a dense float32/bfloat16/float16 tensor; checked at
@@ -123,26 +162,18 @@ void check_step_inputs(const char* name, const Optimizer& self) {
   }
 }
 
-// Global-norm clipping as torch.nn.utils.clip_grad_norm_, computed on the device by grad_stats;
-// the kernels multiply the grads by the returned one-element coefficient.
-template <typename Options>
-OptTensor clip_coef(const char* name, const Optimizer& self) {
-  std::set<double> max_norms;
+// torch.nn.utils.clip_grad_norm_(group's params, max_grad_norm)'s coefficient, computed on the
+// device by grad_stats over the group's own grads; the kernels multiply the grads by it.
+OptTensor clip_coef(const std::optional<double>& max_grad_norm,
+                    const torch::optim::OptimizerParamGroup& group) {
+  if (!max_grad_norm) return std::nullopt;
   std::vector<at::Tensor> grads;
-  for (const auto& group : self.param_groups()) {
-    const auto& options = static_cast<const Options&>(group.options());
-    if (options.max_grad_norm()) max_norms.insert(*options.max_grad_norm());
-    for (const auto& p : group.params()) {
-      if (p.grad().defined()) grads.push_back(p.grad());
-    }
+  for (const auto& p : group.params()) {
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
-  if (max_norms.empty() || grads.empty()) return std::nullopt;
-  TORCH_CHECK(max_norms.size() == 1, "torchspeed.optim.", name,
-              ": max_grad_norm clips the global norm and must be the same in every param group "
-              "that sets it, got ",
-              std::vector<double>(max_norms.begin(), max_norms.end()));
+  if (grads.empty()) return std::nullopt;
   const at::Tensor norm = torchspeed::grad_stats(grads).total_norm;
-  return at::clamp_max(*max_norms.begin() / (norm + 1e-6), 1.0).reshape({1});
+  return at::clamp_max(*max_grad_norm / (norm + 1e-6), 1.0).reshape({1});
 }
 
 at::Tensor fp32_zeros_like(const at::Tensor& p) {
@@ -184,46 +215,75 @@ TORCHSPEED_PLACE_STATE(LAMBParamState, TORCHSPEED_LAMB_STATE)
 #undef TORCHSPEED_PLACE_STATE
 #undef TORCHSPEED_PLACE_TENSOR
 
-// The state of `p`, created by `init` the first time and placed with place_state, with the
-// fp32 master rebuilt from the param when the optimizer wants one and (e.g. after a load from an
-// archive saved without masters) there is none.
-template <class State, class Init>
-State& state_of(Optimizer& self, const at::Tensor& p, bool master, Init&& init) {
-  auto& states = self.state();
-  auto it = states.find(p.unsafeGetTensorImpl());
-  if (it == states.end()) {
-    auto fresh = std::make_unique<State>();
-    init(*fresh);
-    it = states.emplace(p.unsafeGetTensorImpl(), std::move(fresh)).first;
+// New or completed per-param state of one step, committed to self.state() only once every op
+// call of the step has been validated: a step that throws leaves the state as it was.
+using Staged = ska::flat_hash_map<void*, std::unique_ptr<OptimizerParamState>>;
+
+// The state of `p` for this step: the optimizer's own when `complete` says it has everything,
+// else a copy (or a fresh one) in `staged` that `fill` completes. The fp32 master is rebuilt
+// from the param when wanted and missing (e.g. loaded from an archive saved without masters).
+template <class State, class Complete, class Fill>
+State& state_of(Optimizer& self, Staged& staged, const at::Tensor& p, bool master,
+                Complete&& complete, Fill&& fill) {
+  void* key = p.unsafeGetTensorImpl();
+  if (auto it = staged.find(key); it != staged.end()) return static_cast<State&>(*it->second);
+  auto found = self.state().find(key);
+  if (found != self.state().end()) {
+    auto& s = static_cast<State&>(*found->second);
+    if (complete(s) && (!master || s.master().defined())) return s;
   }
-  auto& s = static_cast<State&>(*it->second);
-  place_state(s, p);
-  if (master && !s.master().defined()) s.master(p.detach().to(at::kFloat).clone());
-  return s;
+  auto next = found == self.state().end()
+                  ? std::make_unique<State>()
+                  : std::make_unique<State>(static_cast<State&>(*found->second));
+  fill(*next);
+  if (master && !next->master().defined()) next->master(p.detach().to(at::kFloat).clone());
+  auto& out = *next;
+  staged[key] = std::move(next);
+  return out;
 }
+
+void commit(Optimizer& self, Staged& staged) {
+  for (auto& [key, state] : staged) self.state()[key] = std::move(state);
+  staged.clear();
+}
+
+// One prepared op call: run(true) only validates its arguments, run(false) runs the op.
+using Call = std::function<void(bool validate_only)>;
 
 at::Tensor zero_step(const at::Tensor& p) { return at::zeros({}, p.options().dtype(at::kFloat)); }
 
-// Everything a step does around its op calls: no grad, the closure, every input checked before
-// anything changes, the global clip coefficient; then body(options, bucket, clip_coef) for each
-// (param group, master/no-master bucket).
-template <typename Options, typename Body>
+// Everything a step does around its op calls: no grad, the closure, every option and input
+// checked, each group's clip coefficient, then prepare(options, bucket, clip_coef, staged) for
+// each (param group, master/no-master bucket). With several calls every one is validated before
+// the first runs; new state is committed only when nothing can fail any more.
+template <typename Options, typename Prepare>
 at::Tensor fused_step(Optimizer& self, const char* name, const Optimizer::LossClosure& closure,
-                      Body&& body) {
+                      Prepare&& prepare) {
   at::NoGradGuard no_grad;
   at::Tensor loss;
   if (closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  check_all_groups<Options>(name, self);
   check_step_inputs(name, self);
-  const OptTensor coef = clip_coef<Options>(name, self);
+  Staged staged;
+  std::vector<Call> calls;
   for (auto& group : self.param_groups()) {
     const auto& o = static_cast<const Options&>(group.options());
-    for (const auto& bucket : master_buckets(group.params(), o.master_weights())) {
-      body(o, bucket, coef);
-    }
+    const auto buckets = master_buckets(group.params(), o.master_weights());
+    if (buckets.empty()) continue;
+    const OptTensor coef = clip_coef(o.max_grad_norm(), group);
+    for (const auto& bucket : buckets) prepare(o, bucket, coef, staged, calls);
   }
+  if (calls.size() == 1) {
+    calls[0](false);  // the op validates everything before it writes
+    commit(self, staged);
+    return loss;
+  }
+  for (const auto& call : calls) call(true);
+  commit(self, staged);
+  for (const auto& call : calls) call(false);
   return loss;
 }
 
@@ -247,35 +307,45 @@ at::Tensor adam_family_step(Optimizer& self, const char* name,
                                    bool, bool, const OptTensor&, const OptTensor&, const OptTensor&,
                                    const OptTensor&, double)>();
   return fused_step<Options>(
-      self, name, closure, [&](const Options& o, const auto& bucket, const OptTensor& coef) {
+      self, name, closure,
+      [&](const Options& o, const std::vector<at::Tensor>& bucket, const OptTensor& coef,
+          Staged& staged, std::vector<Call>& calls) {
+        const bool amsgrad = o.amsgrad();
         std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps;
         for (const auto& p : bucket) {
           const bool master = wants_master(o.master_weights(), p);
-          auto& s = state_of<AdamParamState>(self, p, master, [&](AdamParamState& fresh) {
-            fresh.step(zero_step(p));
-            fresh.exp_avg(fp32_zeros_like(p));
-            fresh.exp_avg_sq(fp32_zeros_like(p));
-          });
-          if (o.amsgrad() && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(fp32_zeros_like(p));
+          auto& s = state_of<AdamParamState>(
+              self, staged, p, master,
+              [&](const AdamParamState& s) {
+                return s.step().defined() && s.exp_avg().defined() && s.exp_avg_sq().defined() &&
+                       (!amsgrad || s.max_exp_avg_sq().defined());
+              },
+              [&](AdamParamState& s) {
+                if (!s.step().defined()) s.step(zero_step(p));
+                if (!s.exp_avg().defined()) s.exp_avg(fp32_zeros_like(p));
+                if (!s.exp_avg_sq().defined()) s.exp_avg_sq(fp32_zeros_like(p));
+                if (amsgrad && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(fp32_zeros_like(p));
+              });
           grads.push_back(contiguous_grad(p));
           exp_avgs.push_back(s.exp_avg());
           exp_avg_sqs.push_back(s.exp_avg_sq());
-          if (o.amsgrad()) max_sqs.push_back(s.max_exp_avg_sq());
+          if (amsgrad) max_sqs.push_back(s.max_exp_avg_sq());
           if (master) masters.push_back(s.master());
           steps.push_back(s.step());
         }
-        op.call(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps, {}, {}, o.lr(),
-                std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-                o.amsgrad(), o.maximize(), decoupled(o), std::nullopt, std::nullopt, std::nullopt,
-                coef, 0.0);
+        calls.push_back([=](bool validate_only) {
+          if (validate_only) {
+            ops::validate_adam_step(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps,
+                                    {}, {}, amsgrad, std::nullopt, std::nullopt, std::nullopt,
+                                    coef);
+            return;
+          }
+          op.call(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps, {}, {}, o.lr(),
+                  std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+                  amsgrad, o.maximize(), decoupled(o), std::nullopt, std::nullopt, std::nullopt,
+                  coef, 0.0);
+        });
       });
-}
-
-template <typename Options>
-void check_adam_options(const char* name, const Options& o) {
-  check_common_options(name, o.lr(), o.weight_decay(), o.max_grad_norm());
-  TORCH_CHECK(o.eps() >= 0, "torchspeed.optim.", name, ": eps must be >= 0, got ", o.eps());
-  check_betas(name, o.betas());
 }
 
 // ---- SGD ----------------------------------------------------------------------------------------
@@ -283,13 +353,6 @@ bool has_buffer(const Optimizer& self, const at::Tensor& p) {
   auto it = self.state().find(p.unsafeGetTensorImpl());
   return it != self.state().end() &&
          static_cast<const SGDParamState&>(*it->second).momentum_buffer().defined();
-}
-
-// ---- Lion / LAMB -------------------------------------------------------------------------------
-template <typename Options>
-void check_lion_family_options(const char* name, const Options& o) {
-  check_common_options(name, o.lr(), o.weight_decay(), o.max_grad_norm());
-  check_betas(name, o.betas());
 }
 
 // torch::optim::Optimizer::add_param_group merges a group's own options with the defaults only
@@ -341,14 +404,78 @@ void add_group(const char* name, Optimizer& self, const torch::optim::OptimizerP
                 name, ": the param group must carry torchspeed::optim::", name,
                 "Options, got another options type");
   }
-  self.Optimizer::add_param_group(group);
-  if (group.has_options()) {
-    const auto& user = static_cast<const Options&>(group.options());
-    const auto& defaults = static_cast<const Options&>(self.defaults());
-    self.param_groups().back().set_options(
-        std::make_unique<Options>(merge_options(user, defaults)));
+  const auto& defaults = static_cast<const Options&>(self.defaults());
+  const Options merged = group.has_options()
+                             ? merge_options(static_cast<const Options&>(group.options()), defaults)
+                             : defaults;
+  check_options(name, group_prefix(self.param_groups().size()), merged);
+  for (size_t i = 0; i < group.params().size(); ++i) {
+    const at::Tensor& p = group.params()[i];
+    TORCH_CHECK(p.defined() && p.layout() == at::kStrided && is_supported_dtype(p.scalar_type()),
+                "torchspeed.optim.", name, ": param_groups[", self.param_groups().size(),
+                "].params[", i, "] must be a dense float32, bfloat16 or float16 tensor, got ",
+                p.defined() ? c10::str(p.scalar_type(), " ", p.layout()) : std::string("None"));
   }
-  check_params(name, self);
+  self.Optimizer::add_param_group(group);
+  if (group.has_options())
+    self.param_groups().back().set_options(std::make_unique<Options>(merged));
+}
+
+// Every state tensor but `step` must have its param's number of elements.
+#define TORCHSPEED_CHECK_TENSOR(name)                                                             \
+  if (std::string_view(#name) != "step" && s.name().defined()) {                                  \
+    TORCH_CHECK_VALUE(s.name().numel() == p.numel(), "torchspeed.optim.", optimizer, ": ", where, \
+                      "." #name " must have ", p.numel(), " elements like its param, got ",       \
+                      s.name().numel());                                                          \
+  }
+#define TORCHSPEED_CHECK_STATE(State, TENSORS)                                           \
+  void check_state(const char* optimizer, const std::string& where, const State& s,      \
+                   const at::Tensor& p) {                                                \
+    TENSORS(TORCHSPEED_CHECK_TENSOR)                                                     \
+    TORCH_CHECK_VALUE(!s.step().defined() || s.step().numel() == 1, "torchspeed.optim.", \
+                      optimizer, ": ", where, ".step must have one element, got ",       \
+                      s.step().sizes());                                                 \
+  }
+TORCHSPEED_CHECK_STATE(AdamParamState, TORCHSPEED_ADAM_STATE)
+TORCHSPEED_CHECK_STATE(LionParamState, TORCHSPEED_LION_STATE)
+TORCHSPEED_CHECK_STATE(LAMBParamState, TORCHSPEED_LAMB_STATE)
+#undef TORCHSPEED_CHECK_STATE
+void check_state(const char* optimizer, const std::string& where, const SGDParamState& s,
+                 const at::Tensor& p) {
+  TORCHSPEED_SGD_STATE(TORCHSPEED_CHECK_TENSOR)
+}
+#undef TORCHSPEED_CHECK_TENSOR
+
+// torch::optim::serialize, then every option and state entry checked and the state converted
+// (float32 on the param's device, a 0-dim float32 step even from an int64 one); on any error the
+// optimizer is put back as it was before the load.
+template <typename State, typename Options>
+void load_checked(const char* name, Optimizer& self, torch::serialize::InputArchive& archive) {
+  Staged old_state;
+  for (const auto& [key, state] : self.state()) old_state[key] = state->clone();
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> old_options;
+  for (const auto& group : self.param_groups()) old_options.push_back(group.options().clone());
+  try {
+    torch::optim::serialize<State, Options>(archive, self);
+    check_all_groups<Options>(name, self);
+    const auto& groups = self.param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (size_t i = 0; i < groups[g].params().size(); ++i) {
+        const at::Tensor& p = groups[g].params()[i];
+        auto it = self.state().find(p.unsafeGetTensorImpl());
+        if (it == self.state().end()) continue;
+        auto& s = static_cast<State&>(*it->second);
+        check_state(name, c10::str("state of param_groups[", g, "].params[", i, "]"), s, p);
+        place_state(s, p);
+      }
+    }
+  } catch (...) {
+    self.state() = std::move(old_state);
+    for (size_t g = 0; g < old_options.size(); ++g) {
+      self.param_groups()[g].set_options(std::move(old_options[g]));
+    }
+    throw;
+  }
 }
 
 }  // namespace
@@ -397,7 +524,8 @@ TORCHSPEED_DEFINE_STATE(LAMBParamState, TORCHSPEED_LAMB_STATE)
 Adam::Adam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdamOptions defaults)
     : Optimizer(param_groups, std::make_unique<AdamOptions>(defaults)) {
   restore_group_options("Adam", *this, param_groups, defaults);
-  check_adam_options("Adam", defaults);
+  check_options("Adam", "", defaults);
+  check_all_groups<AdamOptions>("Adam", *this);
   check_params("Adam", *this);
 }
 
@@ -409,7 +537,8 @@ AdamW::AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
              AdamWOptions defaults)
     : Optimizer(param_groups, std::make_unique<AdamWOptions>(defaults)) {
   restore_group_options("AdamW", *this, param_groups, defaults);
-  check_adam_options("AdamW", defaults);
+  check_options("AdamW", "", defaults);
+  check_all_groups<AdamWOptions>("AdamW", *this);
   check_params("AdamW", *this);
 }
 
@@ -420,23 +549,12 @@ torch::Tensor AdamW::step(LossClosure closure) {
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
     : Optimizer(param_groups, std::make_unique<SGDOptions>(defaults)) {
   restore_group_options("SGD", *this, param_groups, defaults);
-  check_common_options("SGD", defaults.lr(), defaults.weight_decay(), defaults.max_grad_norm());
-  TORCH_CHECK(defaults.momentum() >= 0, "torchspeed.optim.SGD: momentum must be >= 0, got ",
-              defaults.momentum());
-  TORCH_CHECK(!defaults.nesterov() || (defaults.momentum() > 0 && defaults.dampening() == 0),
-              "torchspeed.optim.SGD: nesterov requires a momentum and zero dampening, got "
-              "momentum ",
-              defaults.momentum(), " and dampening ", defaults.dampening());
+  check_options("SGD", "", defaults);
+  check_all_groups<SGDOptions>("SGD", *this);
   check_params("SGD", *this);
 }
 
 torch::Tensor SGD::step(LossClosure closure) {
-  for (size_t g = 0; g < param_groups().size(); ++g) {
-    const auto& o = static_cast<const SGDOptions&>(param_groups()[g].options());
-    TORCH_CHECK(!o.nesterov() || o.momentum() == 0 || o.dampening() == 0,
-                "torchspeed.optim.SGD: nesterov requires zero dampening, got dampening ",
-                o.dampening(), " in param_groups[", g, "]");
-  }
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchspeed::sgd_step_", "")
                        .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
@@ -445,7 +563,8 @@ torch::Tensor SGD::step(LossClosure closure) {
                                    const OptTensor&, const OptTensor&, double)>();
   return fused_step<SGDOptions>(
       *this, "SGD", closure,
-      [&](const SGDOptions& o, const auto& by_master, const OptTensor& coef) {
+      [&](const SGDOptions& o, const std::vector<at::Tensor>& by_master, const OptTensor& coef,
+          Staged& staged, std::vector<Call>& calls) {
         const bool with_momentum = o.momentum() != 0;
         // Params without a momentum buffer yet start it from their grad (first_step = true).
         std::vector<std::vector<at::Tensor>> buckets;
@@ -463,17 +582,32 @@ torch::Tensor SGD::step(LossClosure closure) {
           std::vector<at::Tensor> grads, buffers, masters;
           for (const auto& p : bucket) {
             const bool master = wants_master(o.master_weights(), p);
-            auto& s = state_of<SGDParamState>(*this, p, master, [](SGDParamState&) {});
+            auto& s = state_of<SGDParamState>(
+                *this, staged, p, master,
+                [&](const SGDParamState& s) {
+                  return !with_momentum || s.momentum_buffer().defined();
+                },
+                [&](SGDParamState& s) {
+                  if (with_momentum && !s.momentum_buffer().defined()) {
+                    s.momentum_buffer(fp32_zeros_like(p));
+                  }
+                });
             grads.push_back(contiguous_grad(p));
-            if (with_momentum) {
-              if (!s.momentum_buffer().defined()) s.momentum_buffer(fp32_zeros_like(p));
-              buffers.push_back(s.momentum_buffer());
-            }
+            if (with_momentum) buffers.push_back(s.momentum_buffer());
             if (master) masters.push_back(s.master());
           }
-          op.call(bucket, grads, buffers, masters, {}, {}, o.lr(), o.momentum(), o.dampening(),
-                  o.weight_decay(), o.nesterov() && with_momentum, o.maximize(), first_step,
-                  std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
+          const bool nesterov = o.nesterov() && with_momentum;
+          calls.push_back([=](bool validate_only) {
+            if (validate_only) {
+              ops::validate_sgd_step(bucket, grads, buffers, masters, {}, {}, o.momentum(),
+                                     o.dampening(), nesterov, std::nullopt, std::nullopt,
+                                     std::nullopt, coef);
+              return;
+            }
+            op.call(bucket, grads, buffers, masters, {}, {}, o.lr(), o.momentum(), o.dampening(),
+                    o.weight_decay(), nesterov, o.maximize(), first_step, std::nullopt,
+                    std::nullopt, std::nullopt, coef, 0.0);
+          });
         }
       });
 }
@@ -481,7 +615,8 @@ torch::Tensor SGD::step(LossClosure closure) {
 Lion::Lion(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LionOptions defaults)
     : Optimizer(param_groups, std::make_unique<LionOptions>(defaults)) {
   restore_group_options("Lion", *this, param_groups, defaults);
-  check_lion_family_options("Lion", defaults);
+  check_options("Lion", "", defaults);
+  check_all_groups<LionOptions>("Lion", *this);
   check_params("Lion", *this);
 }
 
@@ -493,30 +628,42 @@ torch::Tensor Lion::step(LossClosure closure) {
                                    double, double, bool, const OptTensor&, const OptTensor&,
                                    const OptTensor&, const OptTensor&, double)>();
   return fused_step<LionOptions>(
-      *this, "Lion", closure, [&](const LionOptions& o, const auto& bucket, const OptTensor& coef) {
+      *this, "Lion", closure,
+      [&](const LionOptions& o, const std::vector<at::Tensor>& bucket, const OptTensor& coef,
+          Staged& staged, std::vector<Call>& calls) {
         std::vector<at::Tensor> grads, exp_avgs, masters, steps;
         for (const auto& p : bucket) {
           const bool master = wants_master(o.master_weights(), p);
-          auto& s = state_of<LionParamState>(*this, p, master, [&](LionParamState& fresh) {
-            fresh.step(zero_step(p));
-            fresh.exp_avg(fp32_zeros_like(p));
-          });
+          auto& s = state_of<LionParamState>(
+              *this, staged, p, master,
+              [](const LionParamState& s) { return s.step().defined() && s.exp_avg().defined(); },
+              [&](LionParamState& s) {
+                if (!s.step().defined()) s.step(zero_step(p));
+                if (!s.exp_avg().defined()) s.exp_avg(fp32_zeros_like(p));
+              });
           grads.push_back(contiguous_grad(p));
           exp_avgs.push_back(s.exp_avg());
           if (master) masters.push_back(s.master());
           steps.push_back(s.step());
         }
-        op.call(bucket, grads, exp_avgs, masters, steps, {}, {}, o.lr(), std::get<0>(o.betas()),
-                std::get<1>(o.betas()), o.weight_decay(), o.maximize(), std::nullopt, std::nullopt,
-                std::nullopt, coef, 0.0);
+        calls.push_back([=](bool validate_only) {
+          if (validate_only) {
+            ops::validate_lion_step(bucket, grads, exp_avgs, masters, steps, {}, {}, std::nullopt,
+                                    std::nullopt, std::nullopt, coef);
+            return;
+          }
+          op.call(bucket, grads, exp_avgs, masters, steps, {}, {}, o.lr(), std::get<0>(o.betas()),
+                  std::get<1>(o.betas()), o.weight_decay(), o.maximize(), std::nullopt,
+                  std::nullopt, std::nullopt, coef, 0.0);
+        });
       });
 }
 
 LAMB::LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, LAMBOptions defaults)
     : Optimizer(param_groups, std::make_unique<LAMBOptions>(defaults)) {
   restore_group_options("LAMB", *this, param_groups, defaults);
-  check_lion_family_options("LAMB", defaults);
-  TORCH_CHECK(defaults.eps() >= 0, "torchspeed.optim.LAMB: eps must be >= 0, got ", defaults.eps());
+  check_options("LAMB", "", defaults);
+  check_all_groups<LAMBOptions>("LAMB", *this);
   check_params("LAMB", *this);
 }
 
@@ -528,24 +675,38 @@ torch::Tensor LAMB::step(LossClosure closure) {
                                    double, double, double, double, double, bool, const OptTensor&,
                                    const OptTensor&, const OptTensor&, const OptTensor&, double)>();
   return fused_step<LAMBOptions>(
-      *this, "LAMB", closure, [&](const LAMBOptions& o, const auto& bucket, const OptTensor& coef) {
+      *this, "LAMB", closure,
+      [&](const LAMBOptions& o, const std::vector<at::Tensor>& bucket, const OptTensor& coef,
+          Staged& staged, std::vector<Call>& calls) {
         std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, masters, steps;
         for (const auto& p : bucket) {
           const bool master = wants_master(o.master_weights(), p);
-          auto& s = state_of<LAMBParamState>(*this, p, master, [&](LAMBParamState& fresh) {
-            fresh.step(zero_step(p));
-            fresh.exp_avg(fp32_zeros_like(p));
-            fresh.exp_avg_sq(fp32_zeros_like(p));
-          });
+          auto& s = state_of<LAMBParamState>(
+              *this, staged, p, master,
+              [](const LAMBParamState& s) {
+                return s.step().defined() && s.exp_avg().defined() && s.exp_avg_sq().defined();
+              },
+              [&](LAMBParamState& s) {
+                if (!s.step().defined()) s.step(zero_step(p));
+                if (!s.exp_avg().defined()) s.exp_avg(fp32_zeros_like(p));
+                if (!s.exp_avg_sq().defined()) s.exp_avg_sq(fp32_zeros_like(p));
+              });
           grads.push_back(contiguous_grad(p));
           exp_avgs.push_back(s.exp_avg());
           exp_avg_sqs.push_back(s.exp_avg_sq());
           if (master) masters.push_back(s.master());
           steps.push_back(s.step());
         }
-        op.call(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {}, o.lr(),
-                std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-                o.maximize(), std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
+        calls.push_back([=](bool validate_only) {
+          if (validate_only) {
+            ops::validate_lamb_step(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {},
+                                    std::nullopt, std::nullopt, std::nullopt, coef);
+            return;
+          }
+          op.call(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {}, o.lr(),
+                  std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+                  o.maximize(), std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
+        });
       });
 }
 
@@ -558,7 +719,7 @@ torch::Tensor LAMB::step(LossClosure closure) {
     torch::optim::serialize<State, Options>(archive, *this);                        \
   }                                                                                 \
   void Cls::load(torch::serialize::InputArchive& archive) {                         \
-    torch::optim::serialize<State, Options>(archive, *this);                        \
+    load_checked<State, Options>(#Cls, *this, archive);                             \
   }
 TORCHSPEED_DEFINE_GROUPS_AND_IO(Adam, AdamParamState, AdamOptions)
 TORCHSPEED_DEFINE_GROUPS_AND_IO(AdamW, AdamWParamState, AdamWOptions)

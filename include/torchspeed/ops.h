@@ -20,6 +20,7 @@ struct GradStats {
 };
 
 /// One read-only pass over `tensors`: global L2 norm, optional per-tensor norms, non-finite flag.
+/// An empty list gives norm 0 and found_inf 0 on the CPU, as torch.nn.utils.clip_grad_norm_([]).
 TORCHSPEED_API GradStats grad_stats(at::TensorList tensors, bool per_tensor = false);
 
 /// As grad_stats, after multiplying every tensor in place by `inv_scale` (one-element float32

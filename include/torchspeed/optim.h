@@ -6,6 +6,7 @@
 #pragma once
 
 #include "torchspeed/optim/adam.h"
+#include "torchspeed/optim/hyperparams.h"
 #include "torchspeed/optim/lion.h"
 #include "torchspeed/optim/sgd.h"
 #include "torchspeed/torchspeed.h"

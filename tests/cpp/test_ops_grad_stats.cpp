@@ -52,8 +52,17 @@ TEST_CASE("grad_stats rejects bad input with the argument's name, before modifyi
     }
     CHECK(torch::equal(good, torch::ones({10})));  // untouched
   };
-  expect_error({}, "tensors must be a non-empty list");
   expect_error({good, torch::ones({3}, at::kLong)}, "tensors[1] must be float32");
   expect_error({good, torch::ones({3}).to_sparse()}, "tensors[1] must be a dense");
   expect_error({good, torch::ones({3}, at::device(at::kMeta))}, "tensors[1] must be on cpu");
+}
+
+TEST_CASE("grad_stats of no tensors is norm 0, as clip_grad_norm_ of no params") {
+  auto stats = torchspeed::grad_stats({});
+  CHECK(stats.total_norm.item<float>() == 0.f);
+  CHECK(stats.found_inf.item<float>() == 0.f);
+  CHECK(stats.per_tensor_norms.size(0) == 0);
+  stats = torchspeed::grad_stats_unscale_({}, torch::full({1}, 0.5f), /*per_tensor=*/true);
+  CHECK(stats.total_norm.item<float>() == 0.f);
+  CHECK_THROWS_AS(torchspeed::grad_stats_unscale_({}, torch::ones({2})), c10::Error);
 }

@@ -280,7 +280,7 @@ TEST_CASE("save/load round trip resumes training exactly") {
   }
 }
 
-TEST_CASE("max_grad_norm clips the global gradient norm like clip_grad_norm_") {
+TEST_CASE("max_grad_norm clips the gradient norm like clip_grad_norm_") {
   auto ours = make_params();
   auto ref = clone_params(ours, at::kFloat);
   torchspeed::optim::SGD opt(ours, torchspeed::optim::SGDOptions(0.1).max_grad_norm(0.5));
@@ -571,13 +571,13 @@ TEST_CASE("Lion/LAMB: bad options and bad steps raise c10::Error naming the argu
   expect_error([&] { Lion(ParamList{good}, LionOptions().betas({0.9, 1.5})); },
                {"torchspeed.optim.Lion: betas[1] must be in [0, 1), got 1.5"});
   expect_error([&] { Lion(ParamList{good}, LionOptions(-1e-3)); },
-               {"torchspeed.optim.Lion", "lr must be >= 0"});
+               {"torchspeed.optim.Lion", "lr must be a finite number >= 0"});
   expect_error([&] { Lion(ParamList{good}, LionOptions().weight_decay(-0.1)); },
                {"torchspeed.optim.Lion", "weight_decay"});
-  expect_error([&] { Lion(ParamList{good}, LionOptions().max_grad_norm(0.0)); },
+  expect_error([&] { Lion(ParamList{good}, LionOptions().max_grad_norm(-1.0)); },
                {"torchspeed.optim.Lion", "max_grad_norm"});
   expect_error([&] { LAMB(ParamList{good}, LAMBOptions(-1)); },
-               {"torchspeed.optim.LAMB", "lr must be >= 0"});
+               {"torchspeed.optim.LAMB", "lr must be a finite number >= 0"});
   expect_error([&] { LAMB(ParamList{good}, LAMBOptions().betas({-0.1, 0.999})); },
                {"torchspeed.optim.LAMB: betas[0]"});
   expect_error([&] { LAMB(ParamList{good}, LAMBOptions().eps(-1e-6)); },
@@ -745,4 +745,188 @@ TEST_CASE("Lion and LAMB on CUDA match their CPU results", "[cuda]") {
   check([](ParamList& ps) {
     return torchspeed::optim::LAMB(ps, torchspeed::optim::LAMBOptions(1e-2).weight_decay(0.01));
   });
+}
+
+// ---- hardening: shared validator, validate-then-write, per-group clipping, aliasing ------------
+
+TEST_CASE("the C++ optimizers reject exactly what the shared hyperparameter validator rejects") {
+  auto good = torch::randn({3}).requires_grad_(true);
+  const double nan = std::nan(""), inf = INFINITY;
+  for (double v : {-1.0, nan, inf, -inf, 1e39, 0.0, 0.5, 1.0, 2.0}) {
+    INFO(v);
+    auto accepts = [&](const char* name) {
+      try {
+        torchspeed::optim::check_hyperparameter("X", name, v);
+        return true;
+      } catch (const c10::ValueError&) {
+        return false;
+      }
+    };
+    auto builds = [](const std::function<void()>& f) {
+      try {
+        f();
+        return true;
+      } catch (const c10::ValueError&) {
+        return false;
+      }
+    };
+    using namespace torchspeed::optim;
+    CHECK(builds([&] { AdamW(ParamList{good}, AdamWOptions(v)); }) == accepts("lr"));
+    CHECK(builds([&] { Adam(ParamList{good}, AdamOptions().eps(v)); }) == accepts("eps"));
+    CHECK(builds([&] { SGD(ParamList{good}, SGDOptions(0.1).momentum(v)); }) ==
+          accepts("momentum"));
+    CHECK(builds([&] { SGD(ParamList{good}, SGDOptions(0.1).dampening(v)); }) ==
+          accepts("dampening"));
+    CHECK(builds([&] { Lion(ParamList{good}, LionOptions().betas({0.9, v})); }) ==
+          accepts("betas[1]"));
+    CHECK(builds([&] { LAMB(ParamList{good}, LAMBOptions().weight_decay(v)); }) ==
+          accepts("weight_decay"));
+    CHECK(builds([&] { LAMB(ParamList{good}, LAMBOptions().max_grad_norm(v)); }) ==
+          accepts("max_grad_norm"));
+  }
+  // Python raises ValueError for these (c10::ValueError through pybind11).
+  REQUIRE_THROWS_AS(torchspeed::optim::check_hyperparameter("Adam", "ema_decay", 1.5),
+                    c10::ValueError);
+}
+
+TEST_CASE(
+    "a bad option in a later group (set after construction) fails the step before any write") {
+  using namespace torchspeed::optim;
+  auto a = torch::randn({100000}).requires_grad_(true);
+  auto b = torch::randn({10}).requires_grad_(true);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(ParamList{a});
+  groups.emplace_back(ParamList{b});
+  AdamW opt(groups, AdamWOptions(1e-2));
+  a.mutable_grad() = torch::ones_like(a);
+  b.mutable_grad() = torch::ones_like(b);
+  static_cast<AdamWOptions&>(opt.param_groups()[1].options()).lr(-1.0);
+  const auto a0 = a.detach().clone();
+  try {
+    opt.step();
+    FAIL("a negative lr in param_groups[1] was accepted");
+  } catch (const c10::ValueError& e) {
+    INFO(e.what());
+    REQUIRE(std::string(e.what()).find("param_groups[1].lr must be a finite number >= 0") !=
+            std::string::npos);
+  }
+  REQUIRE(torch::equal(a.detach(), a0));
+  REQUIRE(opt.state().empty());
+
+  // Truncated state of the later group: rejected by the op's validator before group 0 moves.
+  static_cast<AdamWOptions&>(opt.param_groups()[1].options()).lr(1e-2);
+  opt.step();
+  auto& s = static_cast<AdamParamState&>(*opt.state().at(b.unsafeGetTensorImpl()));
+  s.exp_avg(torch::zeros({3}));
+  const auto a1 = a.detach().clone();
+  const auto step_a =
+      static_cast<AdamParamState&>(*opt.state().at(a.unsafeGetTensorImpl())).step().item<float>();
+  REQUIRE_THROWS_AS(opt.step(), c10::Error);
+  REQUIRE(torch::equal(a.detach(), a1));
+  REQUIRE(
+      static_cast<AdamParamState&>(*opt.state().at(a.unsafeGetTensorImpl())).step().item<float>() ==
+      step_a);
+}
+
+TEST_CASE("max_grad_norm is per group, like clip_grad_norm_ applied to each group") {
+  auto ours = make_params();
+  auto ref = clone_params(ours, at::kFloat);
+  using namespace torchspeed::optim;
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(ParamList{ours[0], ours[1]},
+                      std::make_unique<AdamOptions>(AdamOptions(1e-2).max_grad_norm(0.5)));
+  groups.emplace_back(ParamList{ours[2]});  // no clipping
+  groups.emplace_back(ParamList{ours[3]},
+                      std::make_unique<AdamOptions>(AdamOptions(1e-2).max_grad_norm(0.0)));
+  Adam opt(groups, AdamOptions(1e-2));
+  torch::optim::Adam ref_opt(ref, torch::optim::AdamOptions(1e-2));
+  for (int s = 0; s < 10; ++s) {
+    torch::manual_seed(900 + s);
+    for (size_t i = 0; i < ours.size(); ++i) {
+      auto g = torch::randn(ours[i].sizes()) * 3;
+      ours[i].mutable_grad() = g.clone();
+      ref[i].mutable_grad() = g.clone();
+    }
+    torch::nn::utils::clip_grad_norm_(ParamList{ref[0], ref[1]}, 0.5);
+    torch::nn::utils::clip_grad_norm_(ParamList{ref[3]}, 0.0);  // zeroes the grads
+    opt.step();
+    ref_opt.step();
+  }
+  require_close(ours, ref, 1e-5, 1e-6);
+}
+
+TEST_CASE("a param listed twice is updated twice in order, deterministically, like torch::optim") {
+  auto run = [](bool ours) {
+    torch::manual_seed(0);
+    auto p = torch::randn({200000}).requires_grad_(true);
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (ours) {
+      opt = std::make_unique<torchspeed::optim::Adam>(ParamList{p, p},
+                                                      torchspeed::optim::AdamOptions(1e-2));
+    } else {
+      opt = std::make_unique<torch::optim::Adam>(ParamList{p, p}, torch::optim::AdamOptions(1e-2));
+    }
+    for (int s = 0; s < 4; ++s) {
+      torch::manual_seed(50 + s);
+      p.mutable_grad() = torch::randn({200000});
+      opt->step();
+    }
+    return p.detach().clone();
+  };
+  const auto ref = run(false);
+  const auto a = run(true);
+  const auto b = run(true);
+  REQUIRE(torch::equal(a, b));
+  require_close({a}, {ref}, 1e-5, 1e-6);
+}
+
+TEST_CASE("a failing load leaves the optimizer as it was; an int64 step is converted") {
+  using namespace torchspeed::optim;
+  auto p = torch::randn({10}).requires_grad_(true);
+  Adam opt(ParamList{p}, AdamOptions(1e-2));
+  p.mutable_grad() = torch::ones({10});
+  opt.step();
+  auto& st = static_cast<AdamParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+
+  // A checkpoint whose exp_avg is truncated and whose lr is changed.
+  st.exp_avg(torch::zeros({3}));
+  static_cast<AdamOptions&>(opt.param_groups()[0].options()).lr(0.5);
+  std::stringstream bad;
+  torch::serialize::OutputArchive out;
+  opt.save(out);
+  out.save_to(bad);
+
+  Adam fresh(ParamList{p}, AdamOptions(1e-2));
+  p.mutable_grad() = torch::ones({10});
+  fresh.step();
+  const auto before =
+      static_cast<AdamParamState&>(*fresh.state().at(p.unsafeGetTensorImpl())).exp_avg().clone();
+  torch::serialize::InputArchive in;
+  in.load_from(bad);
+  try {
+    fresh.load(in);
+    FAIL("a truncated exp_avg was loaded");
+  } catch (const c10::ValueError& e) {
+    INFO(e.what());
+    REQUIRE(std::string(e.what()).find("exp_avg must have 10 elements") != std::string::npos);
+  }
+  REQUIRE(fresh.param_groups()[0].options().get_lr() == 1e-2);
+  REQUIRE(torch::equal(
+      static_cast<AdamParamState&>(*fresh.state().at(p.unsafeGetTensorImpl())).exp_avg(), before));
+
+  // An int64 step (older checkpoints) becomes a 0-dim float32 tensor at load time.
+  st.exp_avg(torch::zeros({10}));
+  st.step(torch::tensor(int64_t{3}));
+  std::stringstream good;
+  torch::serialize::OutputArchive out2;
+  opt.save(out2);
+  out2.save_to(good);
+  torch::serialize::InputArchive in2;
+  in2.load_from(good);
+  fresh.load(in2);
+  const auto& loaded = static_cast<AdamParamState&>(*fresh.state().at(p.unsafeGetTensorImpl()));
+  REQUIRE(loaded.step().scalar_type() == at::kFloat);
+  REQUIRE(loaded.step().dim() == 0);
+  fresh.step();
+  REQUIRE(loaded.step().item<float>() == 4.f);
 }

@@ -63,9 +63,33 @@ OptimChunk make_chunk(const StepArgs& a, const std::vector<at::Tensor>& grads, c
                     c.length};
 }
 
+void run_step(const StepArgs& a, OptimScalars base);
+
+at::TensorList element(at::TensorList list, size_t i) {
+  return list.empty() ? list : list.slice(i, 1);
+}
+
+/// run_step one param at a time, in list order (see writes_overlap). first_step holds for every
+/// occurrence of a param listed twice: torch.optim.SGD also reads all buffers before updating.
+void run_step_sequentially(const StepArgs& a, const OptimScalars& base) {
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    StepArgs one = a;
+    for (at::TensorList* list : {&one.params, &one.grads, &one.state0, &one.state1, &one.state2,
+                                 &one.masters, &one.steps, &one.masks, &one.emas}) {
+      *list = element(*list, i);
+    }
+    run_step(one, base);
+  }
+}
+
 /// Runs one fused step. `base` holds the hyperparameters; per-tensor bias corrections are filled
 /// in from each param's step count.
 void run_step(const StepArgs& a, OptimScalars base) {
+  if (a.params.size() > 1 &&
+      writes_overlap({a.params, a.state0, a.state1, a.state2, a.masters, a.steps, a.emas})) {
+    run_step_sequentially(a, base);
+    return;
+  }
   const auto& table = *rethrow_as_torch_error(a.op, [] { return &kernels::cpu::cpu_kernels(); });
   // AMP: a step whose grads hold inf/NaN changes nothing, not even the step counts.
   if (read_scalar(a.found_inf, 0.f) != 0.f) return;

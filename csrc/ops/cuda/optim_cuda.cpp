@@ -51,11 +51,31 @@ const float* scalar_ptr(const OptTensor* t) {
   return (t && t->has_value()) ? (*t)->data_ptr<float>() : nullptr;
 }
 
+void run_cuda_step(const CudaStepArgs& a, kc::OptimHyper hyper);
+
+/// run_cuda_step one param at a time, in list order, when written tensors share memory (see
+/// writes_overlap); first_step holds for every occurrence of a repeated param, as in torch.
+void run_cuda_step_sequentially(const CudaStepArgs& a, const kc::OptimHyper& hyper) {
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    CudaStepArgs one = a;
+    for (at::TensorList* list : {&one.params, &one.grads, &one.state0, &one.state1, &one.state2,
+                                 &one.masters, &one.steps, &one.masks, &one.emas}) {
+      if (!list->empty()) *list = list->slice(i, 1);
+    }
+    run_cuda_step(one, hyper);
+  }
+}
+
 /// Everything is validated before this runs (validate_*_step); it only checks the device kind.
 void run_cuda_step(const CudaStepArgs& a, kc::OptimHyper hyper) {
   const at::Device device = a.params[0].device();
   TORCH_CHECK(device.is_cuda(), "torchspeed.", a.op, ": params must be on a CUDA device, got ",
               device);
+  if (a.params.size() > 1 &&
+      writes_overlap({a.params, a.state0, a.state1, a.state2, a.masters, a.steps, a.emas})) {
+    run_cuda_step_sequentially(a, hyper);
+    return;
+  }
   const c10::cuda::CUDAGuard guard(device);
 
   // The scalar tensors are one-element float32 tensors on the device: keep a contiguous handle

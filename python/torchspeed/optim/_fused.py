@@ -3,14 +3,20 @@
 Each subclass names its per-param fp32 state and calls one fused op per (param group, bucket),
 where a bucket is the params of a group that share "has an fp32 master" (and, for SGD, "has a
 momentum buffer"). Everything else (unscale, inf-skip, clip, mask, EMA) happens inside the op.
+
+A step first validates everything (hyperparameters of every group through the validator the C++
+optimizers share, then every op call's arguments through the ops' own validators), and only
+then creates state and runs the ops: a step that raises changes nothing.
 """
 
+import numbers
+import time
 from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 from torch.optim import Optimizer
 
-from .. import ops
+from .. import _C, ops
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -50,6 +56,27 @@ def _accept_torch_only_flags(name: str, foreach, fused, differentiable) -> None:
         )
 
 
+def _real(optimizer: str, name: str, value) -> float:
+    """`value` as a float, or the error torch.optim raises for it (ValueError for a Tensor where a
+    float is expected, TypeError for anything else that is not a real number)."""
+    if torch.is_tensor(value):
+        raise ValueError(
+            f"torchspeed.optim.{optimizer}: {name} must be a float, got a Tensor (only lr may be "
+            "a Tensor)"
+        )
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"torchspeed.optim.{optimizer}: {name} must be a float, got {type(value).__name__} "
+            f"{value!r}"
+        )
+    return float(value)
+
+
+def _check_value(optimizer: str, name: str, value) -> None:
+    # The range rules live in C++ (torchspeed/optim/hyperparams.h), shared with the C++ optimizers.
+    _C.optim.check_hyperparameter(optimizer, name, _real(optimizer, name, value))
+
+
 class FusedOptimizer(Optimizer):
     """Shared machinery; see the subclasses for the user-facing arguments.
 
@@ -57,20 +84,31 @@ class FusedOptimizer(Optimizer):
         master_weights: keep fp32 master copies of bfloat16/float16 params and update those
             (default None = on for low-precision params). The rounded master is written to the
             param after each step. Masters are saved in state_dict().
-        max_grad_norm: clip the global gradient norm (over all groups, after AMP unscaling) to
-            this value in the same pass that checks for inf/NaN (default None = off).
+        max_grad_norm: clip the norm of the group's gradients (after AMP unscaling) to this value
+            in the same pass that checks for inf/NaN, as torch.nn.utils.clip_grad_norm_ applied
+            to the group's params would (default None = off; 0 zeroes the grads, as torch does).
         ema_decay: keep an fp32 EMA copy of every param, updated inside the step (default None).
+
+    Hyperparameters are validated when the optimizer is built, when a group is added, when a
+    state_dict is loaded and at every step (so a value changed in param_groups is checked before
+    anything is written). A param listed twice in a group is updated twice, one update after the
+    other, as torch.optim does (torch warns about it); params that share memory are updated one
+    after the other in list order.
     """
 
     # GradScaler hands the step `grad_scale` and `found_inf` tensors instead of unscaling.
     _step_supports_amp_scaling = True
     _state_keys: tuple = ()  # fp32 per-param state tensors, created as zeros
     _uses_step = True
+    _hyperparameters: tuple = ("weight_decay",)  # real-valued, besides lr, betas and the extras
+    _has_betas = False
+    _tensor_lr_foreach_error = False  # torch.optim.Adam* reject a Tensor lr with foreach=True
 
     def __init__(self, params, defaults: Dict[str, Any]):
         defaults.setdefault("master_weights", None)
         defaults.setdefault("max_grad_norm", None)
         defaults.setdefault("ema_decay", None)
+        self._check_hyperparameters(defaults, "")
         super().__init__(params, defaults)
         self._masks: Dict[torch.Tensor, torch.Tensor] = {}
         self.step_stats = {"steps": 0, "skipped": 0, "seconds": 0.0}
@@ -98,6 +136,70 @@ class FusedOptimizer(Optimizer):
     def _group_defaults(self, group: Dict[str, Any]) -> None:
         """Fill keys a torch.optim state_dict's groups may lack."""
 
+    # ---- hyperparameters -----------------------------------------------------------------------
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """torch.optim's add_param_group, after validating the group's hyperparameters (with the
+        optimizer's defaults for those it does not set)."""
+        if isinstance(param_group, dict) and hasattr(self, "param_groups"):
+            merged = {**self.defaults, **param_group}
+            self._check_hyperparameters(merged, f"param_groups[{len(self.param_groups)}]")
+        super().add_param_group(param_group)
+
+    def _check_hyperparameters(self, group: Dict[str, Any], where: str, at_step=False) -> None:
+        """Raises ValueError/TypeError naming the argument when a hyperparameter of `group` is
+        out of range or of the wrong type. On the step path a CUDA lr tensor's value is not read
+        (that would synchronise); its size is."""
+        name = type(self).__name__
+        prefix = f"{where}." if where else ""
+        lr = group["lr"]
+        if torch.is_tensor(lr):
+            if lr.numel() != 1:
+                raise ValueError(
+                    f"torchspeed.optim.{name}: {prefix}lr: Tensor lr must be 1-element, got "
+                    f"{lr.numel()} elements"
+                )
+            if not (lr.is_floating_point() or lr.dtype in (torch.int32, torch.int64)):
+                raise ValueError(
+                    f"torchspeed.optim.{name}: {prefix}lr must be a float Tensor, got {lr.dtype}"
+                )
+            if (
+                self._tensor_lr_foreach_error
+                and not at_step
+                and group.get("foreach")
+                and not group.get("capturable")
+            ):
+                raise ValueError(
+                    f"torchspeed.optim.{name}: lr as a Tensor is not supported for "
+                    "capturable=False and foreach=True (as in torch.optim)"
+                )
+            if not at_step or lr.device.type == "cpu":
+                _C.optim.check_hyperparameter(name, prefix + "lr", float(lr))
+        else:
+            _check_value(name, prefix + "lr", lr)
+        if self._has_betas:
+            betas = group["betas"]
+            if (
+                not isinstance(betas, (tuple, list))
+                or len(betas) != 2
+                or any(torch.is_tensor(b) for b in betas)
+            ):
+                raise ValueError(
+                    f"torchspeed.optim.{name}: {prefix}betas must be a pair of floats, got "
+                    f"{betas!r}"
+                    + (" (Tensor betas are not supported)" if _has_tensor(betas) else "")
+                )
+            for i, b in enumerate(betas):
+                _check_value(name, f"{prefix}betas[{i}]", b)
+        for key in self._hyperparameters:
+            _check_value(name, prefix + key, group[key])
+        for key in ("max_grad_norm", "ema_decay"):
+            if group.get(key) is not None:
+                _check_value(name, prefix + key, group[key])
+        self._check_group(group, where)
+
+    def _check_group(self, group, where: str) -> None:
+        """Cross-field rules of a group (subclasses); `where` is "" for the defaults."""
+
     # ---- pruning masks -------------------------------------------------------------------------
     def set_mask(self, param: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
         """Apply a {0,1} mask to `param` inside every step (the param stays zero where mask == 0).
@@ -121,108 +223,160 @@ class FusedOptimizer(Optimizer):
         mw = group["master_weights"]
         return p.dtype in _LOW_PRECISION and (mw is None or bool(mw))
 
-    def _init_state(self, group, p: torch.Tensor) -> Dict[str, Any]:
-        state = self.state[p]
-        if not state:
-            if self._uses_step:
-                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-            for key in self._state_keys_for(group):
-                state[key] = _zeros_like_param(p)
-        if self._wants_master(group, p) and "master" not in state:
-            # Rebuilt from the param when absent (e.g. loaded from a torch.optim state_dict).
-            state["master"] = _like_param(p.detach(), p)
-        if group["ema_decay"] is not None and "ema" not in state:
-            state["ema"] = _like_param(state.get("master", p).detach(), p)
-        return state
-
     def _state_keys_for(self, group) -> tuple:
         return self._state_keys
 
+    def _new_state(self, group, p: torch.Tensor, old) -> Dict[str, Any]:
+        """A copy of `old` (or a fresh state) with every entry this group's step needs; `old`
+        itself and self.state are not touched (the step commits it after validating)."""
+        state = dict(old) if old else {}
+        if self._uses_step and state.get("step") is None:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        for key in self._state_keys_for(group):
+            if state.get(key) is None:
+                state[key] = _zeros_like_param(p)
+        if self._wants_master(group, p) and state.get("master") is None:
+            # Rebuilt from the param when absent (e.g. loaded from a torch.optim state_dict).
+            state["master"] = _like_param(p.detach(), p)
+        if group["ema_decay"] is not None and state.get("ema") is None:
+            state["ema"] = _like_param(state.get("master", p).detach(), p)
+        return state
+
+    def _load_value(self, key: str, value, p: torch.Tensor, where: str):
+        """One saved state entry converted for `p`, or ValueError naming it."""
+        name = type(self).__name__
+        if key == "step":
+            # torch < 1.12 saved the step as a plain number; torch itself converts it.
+            if torch.is_tensor(value):
+                if value.numel() != 1:
+                    raise ValueError(
+                        f"torchspeed.optim.{name}: {where}['step'] must be a number or a "
+                        f"one-element tensor, got shape {tuple(value.shape)}"
+                    )
+                return value.detach().to(device=p.device, dtype=torch.float32).clone().reshape(())
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(
+                    f"torchspeed.optim.{name}: {where}['step'] must be a number or a one-element "
+                    f"tensor, got {type(value).__name__}"
+                )
+            return torch.tensor(float(value), dtype=torch.float32, device=p.device)
+        if not torch.is_tensor(value):
+            return value
+        if not (value.is_floating_point() and value.layout == torch.strided):
+            raise ValueError(
+                f"torchspeed.optim.{name}: {where}['{key}'] must be a dense floating tensor, got "
+                f"{value.dtype} {value.layout}"
+            )
+        if value.numel() != p.numel():
+            raise ValueError(
+                f"torchspeed.optim.{name}: {where}['{key}'] must have {p.numel()} elements like "
+                f"its param, got {value.numel()} (shape {tuple(value.shape)})"
+            )
+        return _like_param(value.detach().reshape(p.shape), p)
+
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Loads torchspeed's or torch.optim's state_dict. torch casts floating state to the param
-        dtype; fp32 moments and masters are restored here without that downcast."""
-        saved_state = state_dict["state"]
-        super().load_state_dict(state_dict)
+        """Loads torchspeed's or torch.optim's state_dict. Everything is validated and converted
+        first (hyperparameters, state sizes, an int `step` from old checkpoints); the optimizer
+        changes only when all of it is good. torch casts floating state to the param dtype; fp32
+        moments and masters are restored here without that downcast."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        for i, saved in enumerate(saved_groups):
+            merged = {**self.defaults, **{k: v for k, v in saved.items() if k != "params"}}
+            self._check_hyperparameters(merged, f"state_dict param_groups[{i}]")
         index_to_param = {}
-        for saved_group, group in zip(state_dict["param_groups"], self.param_groups):
+        for saved_group, group in zip(saved_groups, self.param_groups):
+            if len(saved_group["params"]) != len(group["params"]):
+                raise ValueError(
+                    "loaded state dict contains a parameter group that doesn't match the size "
+                    "of optimizer's group"
+                )
             index_to_param.update(zip(saved_group["params"], group["params"]))
-        for index, saved in saved_state.items():
+        converted = {}
+        for index, saved in state_dict["state"].items():
             p = index_to_param.get(index)
             if p is None:
                 continue
-            state = self.state[p]
-            for key, value in saved.items():
-                if not torch.is_tensor(value):
-                    continue
-                if key == "step":
-                    state[key] = value.detach().to(device=p.device, dtype=torch.float32)
-                    state[key] = state[key].clone().reshape(())
-                elif value.numel() == p.numel():
-                    state[key] = _like_param(value.detach().reshape(p.shape), p)
-                else:
-                    # A mismatched shape is kept as is: the step then names it in its error.
-                    state[key] = value.detach().to(device=p.device, dtype=torch.float32).clone()
+            where = f"state_dict state[{index!r}]"
+            converted[p] = {k: self._load_value(k, v, p, where) for k, v in saved.items()}
+        super().load_state_dict(state_dict)
+        for p, values in converted.items():
+            self.state[p].update(values)
 
     # ---- step ----------------------------------------------------------------------------------
-    def _grads_with_params(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    yield group, p
-
-    def _clip_coef(self, grad_scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        max_norms = {g["max_grad_norm"] for g in self.param_groups if g["max_grad_norm"]}
-        if not max_norms:
+    def _clip_coef(self, group, grad_scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """torch.nn.utils.clip_grad_norm_(group's params, max_grad_norm)'s coefficient, kept on
+        the device (no sync on CUDA); each group is clipped by the norm of its own grads."""
+        max_norm = group["max_grad_norm"]
+        if max_norm is None:
             return None
-        if len(max_norms) > 1:
-            raise ValueError(
-                "torchspeed.optim: max_grad_norm clips the global norm and must be the same in "
-                f"every param group, got {sorted(max_norms)}"
-            )
-        grads = [p.grad for _, p in self._grads_with_params()]
+        grads = [p.grad for p in group["params"] if p.grad is not None]
         if not grads:
             return None
         norm = ops.grad_stats(grads).total_norm
         if grad_scale is not None:
             norm = norm / grad_scale.to(norm.device)  # norm of the unscaled grads
-        # torch.nn.utils.clip_grad_norm_'s formula, kept on the device (no sync on CUDA).
-        return torch.clamp(max_norms.pop() / (norm + 1e-6), max=1.0).reshape(1)
+        return torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0).reshape(1)
 
     @torch.no_grad()
     def step(self, closure=None):
         """One fused update of every param with a gradient. Under torch.amp.GradScaler the
         unscale and the inf/NaN skip happen inside the kernels."""
-        import time
-
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        start = time.perf_counter()
+        # Timing and the host-side validators (pybind functions) stay out of a torch.compile
+        # trace, which cannot follow them; there the ops' Meta kernels check every call.
+        compiling = torch.compiler.is_compiling()
+        start = 0.0 if compiling else time.perf_counter()
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
+        if not compiling:
+            for index, group in enumerate(self.param_groups):
+                self._check_hyperparameters(group, f"param_groups[{index}]", at_step=True)
         calls = []
         for index, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
             if params:
                 calls += [(index, group, bucket) for bucket in self._buckets(group, params)]
-        if len(calls) > 1:
-            # Each op checks its own arguments before it changes anything. With several calls
-            # (groups, master/no-master buckets), check all of them first, so that a bad later
-            # group cannot leave the earlier ones updated.
+        if len(calls) > 1 and not compiling:
+            # Friendly positions for the common mistakes before the ops' own validators run.
             for index, group, bucket in calls:
                 self._check_call(index, group, bucket)
-        clip_coef = self._clip_coef(grad_scale)
-        for _, group, bucket in calls:
-            self._fused_step(group, bucket, grad_scale, found_inf, clip_coef)
+        staged: Dict[torch.Tensor, Dict[str, Any]] = {}
+        prepared = []
+        coefs: Dict[int, Optional[torch.Tensor]] = {}
+        for index, group, bucket in calls:
+            if index not in coefs:
+                coefs[index] = self._clip_coef(group, grad_scale)
+            scalars = self._scalars(group, grad_scale, found_inf, coefs[index])
+            prepared.append(self._prepare(group, bucket, staged, scalars))
+        if len(prepared) == 1:
+            # The op validates all its arguments before it writes; new state is kept only if
+            # the op ran.
+            op, args, kwargs, after = prepared[0]
+            op(*args, **kwargs)
+            self.state.update(staged)
+            after()
+        elif prepared:
+            if not compiling:
+                for _op, args, kwargs, _after in prepared:
+                    self._validate_call(args, kwargs)
+            self.state.update(staged)
+            for op, args, kwargs, after in prepared:
+                op(*args, **kwargs)
+                after()
         self.step_stats["steps"] += 1
         if found_inf is not None and found_inf.device.type == "cpu" and found_inf.item() != 0:
             self.step_stats["skipped"] += 1
-        self.step_stats["seconds"] += time.perf_counter() - start
+        if not compiling:
+            self.step_stats["seconds"] += time.perf_counter() - start
         return loss
 
     def _check_call(self, group_index: int, group, params: List[torch.Tensor]) -> None:
-        """What the op would reject, checked in Python before any op of the step runs."""
+        """What the op would reject about params and grads, with the param's position."""
         device = params[0].device
         for p in params:
             g = p.grad
@@ -259,10 +413,6 @@ class FusedOptimizer(Optimizer):
                 raise RuntimeError(
                     f"torchspeed.optim.{type(self).__name__}: " + problem.format(where=where)
                 )
-        self._check_group(group)
-
-    def _check_group(self, group) -> None:
-        """Group-level hyperparameters the op would reject (subclasses)."""
 
     def _buckets(self, group, params: List[torch.Tensor]) -> Iterable[List[torch.Tensor]]:
         """Splits a group's params into those with an fp32 master and those without."""
@@ -274,16 +424,21 @@ class FusedOptimizer(Optimizer):
             (with_master if p.dtype in _LOW_PRECISION else without).append(p)
         return [b for b in (with_master, without) if b]
 
-    def _common_lists(self, group, params):
+    def _prepare(self, group, params, staged, scalars):
+        """(op, args, kwargs, after) of one op call; new or completed state goes to `staged`."""
         # Hot path (runs every step for every param): one dict lookup per param once state exists.
         state_of = self.state
         wants_master = self._wants_master(group, params[0])  # shared by a bucket
         need_ema = group["ema_decay"] is not None
+        keys = self._state_keys_for(group)
+        keys += ("master",) * wants_master + ("ema",) * need_ema
         states = []
         for p in params:
-            s = state_of.get(p)
-            if not s or (wants_master and "master" not in s) or (need_ema and "ema" not in s):
-                s = self._init_state(group, p)
+            s = staged.get(p) if staged else None
+            if s is None:
+                s = state_of.get(p)
+                if not s or _missing(s, keys):
+                    s = staged[p] = self._new_state(group, p, s)
             states.append(s)
         grads = [p.grad for p in params]
         masters = [s["master"] for s in states] if wants_master else []
@@ -292,7 +447,7 @@ class FusedOptimizer(Optimizer):
             # Params without a mask in a bucket where others have one get an all-ones mask.
             masks = [self._masks.get(p, torch.ones_like(p, dtype=torch.float32)) for p in params]
         emas = [s["ema"] for s in states] if need_ema else []
-        return states, grads, masters, masks, emas
+        return self._op_call(group, params, states, grads, masters, masks, emas, scalars)
 
     def _scalars(self, group, grad_scale, found_inf, clip_coef) -> Dict[str, Any]:
         lr = group["lr"]
@@ -311,5 +466,33 @@ class FusedOptimizer(Optimizer):
             ema_decay=float(group["ema_decay"] or 0.0),
         )
 
-    def _fused_step(self, group, params, grad_scale, found_inf, clip_coef) -> None:
+    @staticmethod
+    def _no_after() -> None:
+        pass
+
+    def _op_call(self, group, params, states, grads, masters, masks, emas, scalars):
+        """(op, args, kwargs, after): the fused op, its arguments, and what runs after it."""
         raise NotImplementedError
+
+    def _validate_call(self, args, kwargs) -> None:
+        """Runs the op's own argument validator (C++) on one prepared call."""
+        raise NotImplementedError
+
+
+def _missing(state: Dict[str, Any], keys: tuple) -> bool:
+    # A loop, not `None in map(...)`: `in` would compare tensors with == None.
+    for key in keys:
+        if state.get(key) is None:
+            return True
+    return False
+
+
+def _has_tensor(values) -> bool:
+    return torch.is_tensor(values) or (
+        isinstance(values, (tuple, list)) and any(torch.is_tensor(v) for v in values)
+    )
+
+
+def _scalar_tensors(kwargs) -> tuple:
+    """The optional scalar tensors of an op call, in the validators' order."""
+    return kwargs["lr_tensor"], kwargs["grad_scale"], kwargs["found_inf"], kwargs["clip_coef"]

@@ -4,7 +4,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ._fused import FusedOptimizer, _accept_torch_only_flags
+from .. import _C
+from ._fused import FusedOptimizer, _accept_torch_only_flags, _scalar_tensors
 
 
 class Adam(FusedOptimizer):
@@ -18,6 +19,9 @@ class Adam(FusedOptimizer):
     """
 
     _state_keys = ("exp_avg", "exp_avg_sq")
+    _hyperparameters = ("eps", "weight_decay")
+    _has_betas = True
+    _tensor_lr_foreach_error = True
 
     def __init__(
         self,
@@ -38,23 +42,7 @@ class Adam(FusedOptimizer):
         max_grad_norm: Optional[float] = None,
         ema_decay: Optional[float] = None,
     ):
-        name = type(self).__name__
-        _accept_torch_only_flags(name, foreach, fused, differentiable)
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError(
-                f"torchspeed.optim.{name}: lr as a Tensor must have 1 element, got {lr.numel()}"
-            )
-        if not 0.0 <= float(lr):
-            raise ValueError(f"torchspeed.optim.{name}: lr must be >= 0, got {float(lr)}")
-        if not 0.0 <= eps:
-            raise ValueError(f"torchspeed.optim.{name}: eps must be >= 0, got {eps}")
-        for i, b in enumerate(betas):
-            if not 0.0 <= float(b) < 1.0:
-                raise ValueError(f"torchspeed.optim.{name}: betas[{i}] must be in [0, 1), got {b}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(
-                f"torchspeed.optim.{name}: weight_decay must be >= 0, got {weight_decay}"
-            )
+        _accept_torch_only_flags(type(self).__name__, foreach, fused, differentiable)
         defaults = dict(
             lr=lr,
             betas=betas,
@@ -81,11 +69,10 @@ class Adam(FusedOptimizer):
     def _state_keys_for(self, group):
         return self._state_keys + (("max_exp_avg_sq",) if group["amsgrad"] else ())
 
-    def _fused_step(self, group, params, grad_scale, found_inf, clip_coef):
-        states, grads, masters, masks, emas = self._common_lists(group, params)
+    def _op_call(self, group, params, states, grads, masters, masks, emas, scalars):
         amsgrad = group["amsgrad"]
         beta1, beta2 = group["betas"]
-        torch.ops.torchspeed.adam_step_(
+        args = (
             params,
             grads,
             [s["exp_avg"] for s in states],
@@ -95,6 +82,8 @@ class Adam(FusedOptimizer):
             [s["step"] for s in states],
             masks,
             emas,
+        )
+        kwargs = dict(
             beta1=float(beta1),
             beta2=float(beta2),
             eps=float(group["eps"]),
@@ -102,8 +91,12 @@ class Adam(FusedOptimizer):
             amsgrad=amsgrad,
             maximize=group["maximize"],
             decoupled_weight_decay=group["decoupled_weight_decay"],
-            **self._scalars(group, grad_scale, found_inf, clip_coef),
+            **scalars,
         )
+        return torch.ops.torchspeed.adam_step_, args, kwargs, self._no_after
+
+    def _validate_call(self, args, kwargs):
+        _C.optim.validate_adam_step(*args, kwargs["amsgrad"], *_scalar_tensors(kwargs))
 
 
 class AdamW(Adam):

@@ -4,17 +4,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ._fused import FusedOptimizer
-
-
-def _check_common(name, lr, betas, weight_decay):
-    if float(lr) < 0.0:
-        raise ValueError(f"torchspeed.optim.{name}: lr must be >= 0, got {float(lr)}")
-    for i, b in enumerate(betas):
-        if not 0.0 <= float(b) < 1.0:
-            raise ValueError(f"torchspeed.optim.{name}: betas[{i}] must be in [0, 1), got {b}")
-    if weight_decay < 0.0:
-        raise ValueError(f"torchspeed.optim.{name}: weight_decay must be >= 0, got {weight_decay}")
+from .. import _C
+from ._fused import FusedOptimizer, _scalar_tensors
 
 
 class Lion(FusedOptimizer):
@@ -22,6 +13,7 @@ class Lion(FusedOptimizer):
     ``p *= 1 - lr*wd; p -= lr * sign(lerp(m, g, 1 - beta1)); m = lerp(m, g, 1 - beta2)``."""
 
     _state_keys = ("exp_avg",)
+    _has_betas = True
 
     def __init__(
         self,
@@ -35,7 +27,6 @@ class Lion(FusedOptimizer):
         max_grad_norm: Optional[float] = None,
         ema_decay: Optional[float] = None,
     ):
-        _check_common("Lion", lr, betas, weight_decay)
         defaults = dict(
             lr=lr,
             betas=betas,
@@ -47,10 +38,9 @@ class Lion(FusedOptimizer):
         )
         super().__init__(params, defaults)
 
-    def _fused_step(self, group, params, grad_scale, found_inf, clip_coef):
-        states, grads, masters, masks, emas = self._common_lists(group, params)
+    def _op_call(self, group, params, states, grads, masters, masks, emas, scalars):
         beta1, beta2 = group["betas"]
-        torch.ops.torchspeed.lion_step_(
+        args = (
             params,
             grads,
             [s["exp_avg"] for s in states],
@@ -58,12 +48,18 @@ class Lion(FusedOptimizer):
             [s["step"] for s in states],
             masks,
             emas,
+        )
+        kwargs = dict(
             beta1=float(beta1),
             beta2=float(beta2),
             weight_decay=float(group["weight_decay"]),
             maximize=group["maximize"],
-            **self._scalars(group, grad_scale, found_inf, clip_coef),
+            **scalars,
         )
+        return torch.ops.torchspeed.lion_step_, args, kwargs, self._no_after
+
+    def _validate_call(self, args, kwargs):
+        _C.optim.validate_lion_step(*args, *_scalar_tensors(kwargs))
 
 
 class LAMB(FusedOptimizer):
@@ -72,6 +68,8 @@ class LAMB(FusedOptimizer):
     ``||p|| / ||u||`` (1 when either is 0), ``p -= lr * trust * u``."""
 
     _state_keys = ("exp_avg", "exp_avg_sq")
+    _hyperparameters = ("eps", "weight_decay")
+    _has_betas = True
 
     def __init__(
         self,
@@ -86,7 +84,6 @@ class LAMB(FusedOptimizer):
         max_grad_norm: Optional[float] = None,
         ema_decay: Optional[float] = None,
     ):
-        _check_common("LAMB", lr, betas, weight_decay)
         defaults = dict(
             lr=lr,
             betas=betas,
@@ -99,10 +96,9 @@ class LAMB(FusedOptimizer):
         )
         super().__init__(params, defaults)
 
-    def _fused_step(self, group, params, grad_scale, found_inf, clip_coef):
-        states, grads, masters, masks, emas = self._common_lists(group, params)
+    def _op_call(self, group, params, states, grads, masters, masks, emas, scalars):
         beta1, beta2 = group["betas"]
-        torch.ops.torchspeed.lamb_step_(
+        args = (
             params,
             grads,
             [s["exp_avg"] for s in states],
@@ -111,10 +107,16 @@ class LAMB(FusedOptimizer):
             [s["step"] for s in states],
             masks,
             emas,
+        )
+        kwargs = dict(
             beta1=float(beta1),
             beta2=float(beta2),
             eps=float(group["eps"]),
             weight_decay=float(group["weight_decay"]),
             maximize=group["maximize"],
-            **self._scalars(group, grad_scale, found_inf, clip_coef),
+            **scalars,
         )
+        return torch.ops.torchspeed.lamb_step_, args, kwargs, self._no_after
+
+    def _validate_call(self, args, kwargs):
+        _C.optim.validate_lamb_step(*args, *_scalar_tensors(kwargs))

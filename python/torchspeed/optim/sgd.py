@@ -4,7 +4,8 @@ from typing import Optional, Union
 
 import torch
 
-from ._fused import FusedOptimizer, _accept_torch_only_flags, _zeros_like_param
+from .. import _C
+from ._fused import FusedOptimizer, _accept_torch_only_flags, _scalar_tensors
 
 
 class SGD(FusedOptimizer):
@@ -13,6 +14,7 @@ class SGD(FusedOptimizer):
     buffer is float32 and named "momentum_buffer" as in torch."""
 
     _uses_step = False
+    _hyperparameters = ("momentum", "dampening", "weight_decay")
 
     def __init__(
         self,
@@ -32,16 +34,6 @@ class SGD(FusedOptimizer):
         ema_decay: Optional[float] = None,
     ):
         _accept_torch_only_flags("SGD", foreach, fused, differentiable)
-        if float(lr) < 0.0:
-            raise ValueError(f"torchspeed.optim.SGD: lr must be >= 0, got {float(lr)}")
-        if momentum < 0.0:
-            raise ValueError(f"torchspeed.optim.SGD: momentum must be >= 0, got {momentum}")
-        if weight_decay < 0.0:
-            raise ValueError(f"torchspeed.optim.SGD: weight_decay must be >= 0, got {weight_decay}")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError(
-                "torchspeed.optim.SGD: nesterov requires a momentum and zero dampening"
-            )
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -62,63 +54,63 @@ class SGD(FusedOptimizer):
         group.setdefault("nesterov", False)
         group.setdefault("maximize", False)
 
+    def _state_keys_for(self, group):
+        return ("momentum_buffer",) if group["momentum"] != 0 else ()
+
     def _buckets(self, group, params):
         # Params without a momentum buffer yet start it from their grad (first_step=True).
         if group["momentum"] == 0:
             return super()._buckets(group, params)
         out = []
+        state_of = self.state  # .get: a step must not add empty entries to the defaultdict
         for bucket in super()._buckets(group, params):
-            fresh = [p for p in bucket if self.state[p].get("momentum_buffer") is None]
-            old = [p for p in bucket if self.state[p].get("momentum_buffer") is not None]
+            fresh = [p for p in bucket if state_of.get(p, {}).get("momentum_buffer") is None]
+            old = [p for p in bucket if state_of.get(p, {}).get("momentum_buffer") is not None]
             out += [b for b in (fresh, old) if b]
         return out
 
-    def _check_group(self, group):
-        if group["nesterov"] and group["momentum"] != 0 and group["dampening"] != 0:
-            raise RuntimeError(
-                "torchspeed.optim.SGD: nesterov requires zero dampening, got dampening "
-                f"{group['dampening']} in a param group"
-            )
+    def _check_group(self, group, where):
+        # torch checks nesterov against the defaults only; in a group, nesterov without momentum
+        # is plain SGD, and the kernel needs zero dampening when both are set.
+        nesterov = bool(group["nesterov"]) and (not where or group["momentum"] != 0)
+        _C.optim.check_nesterov(
+            "SGD", nesterov, float(group["momentum"]), float(group["dampening"])
+        )
 
-    def _fused_step(self, group, params, grad_scale, found_inf, clip_coef):
+    def _op_call(self, group, params, states, grads, masters, masks, emas, scalars):
         momentum = group["momentum"]
-        first = momentum != 0 and any(self.state[p].get("momentum_buffer") is None for p in params)
-        states, grads, masters, masks, emas = self._common_lists(group, params)
-        buffers = []
-        if momentum != 0:
-            for p, s in zip(params, states):
-                if s.get("momentum_buffer") is None:
-                    s["momentum_buffer"] = _zeros_like_param(p)
-                buffers.append(s["momentum_buffer"])
-        try:
-            torch.ops.torchspeed.sgd_step_(
-                params,
-                grads,
-                buffers,
-                masters,
-                masks,
-                emas,
-                momentum=float(momentum),
-                dampening=float(group["dampening"]),
-                weight_decay=float(group["weight_decay"]),
-                # As torch.optim.SGD: nesterov only means something with momentum.
-                nesterov=bool(group["nesterov"]) and momentum != 0,
-                maximize=group["maximize"],
-                first_step=first,
-                **self._scalars(group, grad_scale, found_inf, clip_coef),
-            )
-        except Exception:
-            if first:
-                self._drop_buffers(states)
-            raise
-        # A step skipped by GradScaler must leave fresh buffers fresh: torch starts the buffer
-        # from the first grad that is applied. Only the first steps of new params pay this check
-        # (a host sync on CUDA).
-        if first and found_inf is not None and bool(found_inf.item() != 0):
-            self._drop_buffers(states)
+        # The bucket is all fresh or all old (see _buckets); self.state is not committed yet.
+        state_of = self.state
+        first = momentum != 0 and state_of.get(params[0], {}).get("momentum_buffer") is None
+        buffers = [s["momentum_buffer"] for s in states] if momentum != 0 else []
+        args = (params, grads, buffers, masters, masks, emas)
+        kwargs = dict(
+            momentum=float(momentum),
+            dampening=float(group["dampening"]),
+            weight_decay=float(group["weight_decay"]),
+            # As torch.optim.SGD: nesterov only means something with momentum.
+            nesterov=bool(group["nesterov"]) and momentum != 0,
+            maximize=group["maximize"],
+            first_step=first,
+            **scalars,
+        )
+        found_inf = scalars["found_inf"]
 
-    @staticmethod
-    def _drop_buffers(states):
-        # Buckets are split by fresh/old (see _buckets), so every buffer here was just created.
-        for s in states:
-            s["momentum_buffer"] = None
+        def after():
+            # A step skipped by GradScaler must leave fresh buffers fresh: torch starts the
+            # buffer from the first grad that is applied. Only the first steps of new params pay
+            # this check (a host sync on CUDA).
+            if first and found_inf is not None and bool(found_inf.item() != 0):
+                for s in states:
+                    s["momentum_buffer"] = None
+
+        return torch.ops.torchspeed.sgd_step_, args, kwargs, after
+
+    def _validate_call(self, args, kwargs):
+        _C.optim.validate_sgd_step(
+            *args,
+            kwargs["momentum"],
+            kwargs["dampening"],
+            kwargs["nesterov"],
+            *_scalar_tensors(kwargs),
+        )
