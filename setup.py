@@ -96,7 +96,7 @@ setup(
     packages=find_packages("python"),
     ext_modules=[CMakeExtension("torchspeed._C")],
     cmdclass={"build_ext": CMakeBuild},
-    install_requires=_torch_requirement() + ["numpy"],
+    install_requires=_torch_requirement() + ["numpy", "tqdm"],
     entry_points={"console_scripts": ["torchspeed=torchspeed.cli:main"]},
     zip_safe=False,
 )

@@ -1,6 +1,7 @@
 // Torch-free .npy header parser; strict, bounds-checked and overflow-checked (fuzzed).
 #include "npy.h"
 
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 
@@ -115,7 +116,11 @@ NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& where) {
   const size_t close = h.find(')', p);
   if (close == std::string::npos) bad(where, "unterminated 'shape'");
   size_t i = p + 1;
+  // Bytes of the non-zero dimensions. A zero anywhere makes the array empty, so the other
+  // dimensions may then need more bytes than the file has (numpy writes (100, 0) as a header only);
+  // they are still kept below 2^63 so that no product of the shape overflows.
   unsigned __int128 bytes = a.itemsize;
+  bool has_zero_dim = false;
   while (i < close) {
     while (i < close && (h[i] == ' ' || h[i] == ',')) ++i;
     if (i >= close) break;
@@ -127,10 +132,14 @@ NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& where) {
       ++i;
     }
     a.shape.push_back(v);
-    bytes *= static_cast<uint64_t>(v);
-    if (bytes > size) bad(where, "data is truncated (shape needs more bytes than the file has)");
+    if (v == 0) has_zero_dim = true;
+    if (v != 0) bytes *= static_cast<uint64_t>(v);
+    if (bytes > static_cast<uint64_t>(INT64_MAX)) {
+      bad(where, "data is truncated (shape needs more than 2^63 bytes)");
+    }
     if (a.shape.size() > 32) bad(where, "too many dimensions");
   }
+  if (has_zero_dim) bytes = 0;
   a.data_offset = hstart + hlen;
   a.data_bytes = static_cast<size_t>(bytes);
   if (a.data_bytes > size - a.data_offset) {

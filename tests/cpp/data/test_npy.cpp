@@ -44,6 +44,16 @@ TEST_CASE("npy headers: dtype, shape, offset", "[data][npy]") {
 
   const std::string s = make_npy("{'descr': '<i8', 'fortran_order': False, 'shape': (), }", 8);
   CHECK(parse_npy(bytes(s), s.size(), "s.npy").shape.empty());
+
+  // Empty arrays: numpy writes only the header, whatever the other dimensions are.
+  for (const char* shape : {"(0,)", "(6, 3, 0)", "(100000, 0)", "(0, 100000, 7)"}) {
+    const std::string e = make_npy(
+        std::string("{'descr': '<i8', 'fortran_order': False, 'shape': ") + shape + ", }", 0);
+    const NpyArray z = parse_npy(bytes(e), e.size(), "e.npy");
+    CHECK(z.data_bytes == 0);
+    CHECK(z.numel() == 0);
+    CHECK(z.data_offset == e.size());
+  }
 }
 
 TEST_CASE("npy rejects what it cannot read, naming the file", "[data][npy]") {
