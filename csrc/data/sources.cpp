@@ -4,7 +4,6 @@
 
 #include <sys/stat.h>
 
-#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -59,11 +58,7 @@ enum class Kind { kImage, kLabel, kString, kNpy };
 
 bool kind_of(const std::string& ext, Kind* kind) {
   const std::string e = last_ext_part(ext);
-  // Image extensions only pick the kind (any case: ImageNet's .JPEG); the decoder is chosen from
-  // the bytes, so a PNG stored as .jpg decodes.
-  std::string lower = e;
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (lower == "jpg" || lower == "jpeg" || lower == "png")
+  if (e == "jpg" || e == "jpeg" || e == "png")
     *kind = Kind::kImage;
   else if (e == "cls" || e == "cls2" || e == "id" || e == "index")
     *kind = Kind::kLabel;
