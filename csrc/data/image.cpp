@@ -203,8 +203,7 @@ class JpegDecoder {
 // into `out` (packed RGB of res->width x res->height whose origin in the scaled image is
 // (x_offset, y_offset)).
 void decode_jpeg(const uint8_t* data, size_t size, int scale_denom, bool whole, int x0, int y0,
-                 int x1, int y1, int64_t max_pixels, std::vector<uint8_t>* out,
-                 RegionResult* res) {
+                 int x1, int y1, int64_t max_pixels, std::vector<uint8_t>* out, RegionResult* res) {
   JpegDecoder dec;
   jpeg_decompress_struct& ci = dec.cinfo;
   dec.run([&] {
@@ -229,8 +228,8 @@ void decode_jpeg(const uint8_t* data, size_t size, int scale_denom, bool whole, 
     }
     if (uint64_t{size} * 8 < min_blocks) {
       decode_error("progressive JPEG data (" + std::to_string(size) +
-                   " bytes) is too small for its declared size " +
-                   std::to_string(ci.image_width) + "x" + std::to_string(ci.image_height) +
+                   " bytes) is too small for its declared size " + std::to_string(ci.image_width) +
+                   "x" + std::to_string(ci.image_height) +
                    " (truncated file or decompression bomb)");
     }
   }
@@ -278,8 +277,9 @@ void decode_jpeg(const uint8_t* data, size_t size, int scale_denom, bool whole, 
 
 #elif TORCHSPEED_WITH_JPEG
 // TurboJPEG-only build (no libjpeg API): whole-image decode into a buffer of the declared size,
-// so the declared size is first bounded by what the data could fill (a baseline JPEG spends at
-// least 2 bits per 8x8 block; 768 output bytes per input byte for grayscale).
+// so the declared size is first bounded by what the data could fill: a Huffman-coded JPEG spends
+// at least 1 bit per 8x8 block (2 in a baseline scan), so at most 512 pixels per input byte; the
+// check allows 4x that (arithmetic coding, where no such bound holds, is vanishingly rare).
 struct TjHandle {
   tjhandle h = tjInitDecompress();
   ~TjHandle() {
@@ -300,9 +300,10 @@ void decode_jpeg(const uint8_t* data, size_t size, int scale_denom, bool, int, i
     decode_error(std::string("corrupt JPEG header: ") + tjGetErrorStr2(thread_tj()));
   }
   check_pixels("JPEG", w, h, max_pixels);
-  if (uint64_t{size} * 256 < uint64_t(w) * uint64_t(h) / 8) {
-    decode_error("JPEG data (" + std::to_string(size) + " bytes) is too small for its declared size " +
-                 std::to_string(w) + "x" + std::to_string(h) + " (truncated file or decompression bomb)");
+  if (uint64_t{size} * 2048 + 65536 < uint64_t(w) * uint64_t(h)) {
+    decode_error("JPEG data (" + std::to_string(size) +
+                 " bytes) is too small for its declared size " + std::to_string(w) + "x" +
+                 std::to_string(h) + " (truncated file or decompression bomb)");
   }
   const tjscalingfactor sf{1, scale_denom};
   const int sw = TJSCALED(w, sf), sh = TJSCALED(h, sf);
@@ -457,9 +458,8 @@ void decode_png(const uint8_t* data, size_t size, int64_t max_pixels, RgbImage* 
   const uint64_t raw_bytes = (row_bits + 7) / 8 * hdr.height;
   if (hdr.idat_bytes * kDeflateMaxRatio + 4096 < raw_bytes) {
     decode_error("PNG data (" + std::to_string(hdr.idat_bytes) +
-                 " bytes of IDAT) is too small for its declared size " +
-                 std::to_string(hdr.width) + "x" + std::to_string(hdr.height) +
-                 " (truncated file or decompression bomb)");
+                 " bytes of IDAT) is too small for its declared size " + std::to_string(hdr.width) +
+                 "x" + std::to_string(hdr.height) + " (truncated file or decompression bomb)");
   }
   PngDecoder dec(data, size);
   png_structp png = dec.png;
@@ -467,7 +467,8 @@ void decode_png(const uint8_t* data, size_t size, int64_t max_pixels, RgbImage* 
   const bool gray16 = hdr.bit_depth == 16 && hdr.color_type == PNG_COLOR_TYPE_GRAY;
   int passes = 1;
   dec.run([&] {
-    png_set_user_limits(png, static_cast<png_uint_32>(kMaxSide), static_cast<png_uint_32>(kMaxSide));
+    png_set_user_limits(png, static_cast<png_uint_32>(kMaxSide),
+                        static_cast<png_uint_32>(kMaxSide));
     png_read_info(png, info);
     const int ct = static_cast<int>(png_get_color_type(png, info));
     const int bd = static_cast<int>(png_get_bit_depth(png, info));
@@ -512,8 +513,7 @@ void decode_png(const uint8_t* data, size_t size, int64_t max_pixels, RgbImage* 
   }
 }
 
-int choose_scale(DecodeScaling mode, bool is_jpeg, int have_w, int have_h, int need_w,
-                 int need_h) {
+int choose_scale(DecodeScaling mode, bool is_jpeg, int have_w, int have_h, int need_w, int need_h) {
   if (!is_jpeg || mode == DecodeScaling::kOff) return 1;
   // kAccurate keeps the decoded crop >= 4x the output, where the scaled IDCT's low-pass is
   // dominated by the final antialiased resample (measured: <= 0.6 levels mean on noise
@@ -873,7 +873,8 @@ ImageDraw draw_image_params(const ImageTransformOptions& opt, int width, int hei
         d.crop_top = (height - h) / 2;
         d.crop_left = (width - w) / 2;
       }
-      d.scale_denom = choose_scale(opt.decode_scaling, is_jpeg, d.crop_width, d.crop_height, opt.width, opt.height);
+      d.scale_denom = choose_scale(opt.decode_scaling, is_jpeg, d.crop_width, d.crop_height,
+                                   opt.width, opt.height);
       break;
     }
     case CropMode::kResizeCenterCrop: {
@@ -883,13 +884,15 @@ ImageDraw draw_image_params(const ImageTransformOptions& opt, int width, int hei
       const int new_l = static_cast<int>(static_cast<int64_t>(opt.resize_size) * l / s);
       d.resize_width = w_short ? opt.resize_size : new_l;
       d.resize_height = w_short ? new_l : opt.resize_size;
-      d.scale_denom = choose_scale(opt.decode_scaling, is_jpeg, width, height, d.resize_width, d.resize_height);
+      d.scale_denom =
+          choose_scale(opt.decode_scaling, is_jpeg, width, height, d.resize_width, d.resize_height);
       break;
     }
     case CropMode::kResize:
       d.resize_width = opt.width;
       d.resize_height = opt.height;
-      d.scale_denom = choose_scale(opt.decode_scaling, is_jpeg, width, height, opt.width, opt.height);
+      d.scale_denom =
+          choose_scale(opt.decode_scaling, is_jpeg, width, height, opt.width, opt.height);
       break;
     case CropMode::kNone:
       break;

@@ -251,7 +251,12 @@ def pack_samples(arr, bit_depth):
         return [row.astype(">u2").tobytes() for row in flat]
     if bit_depth == 8:
         return [row.astype(np.uint8).tobytes() for row in flat]
-    return [np.packbits(np.unpackbits(row.astype(np.uint8)[:, None], axis=1)[:, 8 - bit_depth :]).tobytes() for row in flat]
+    return [
+        np.packbits(
+            np.unpackbits(row.astype(np.uint8)[:, None], axis=1)[:, 8 - bit_depth :]
+        ).tobytes()
+        for row in flat
+    ]
 
 
 def pil_rgb(data):
@@ -264,8 +269,23 @@ CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 @pytest.mark.filterwarnings("ignore:Palette images with Transparency")
 @pytest.mark.parametrize(
     "color_type,bit_depth",
-    [(0, 1), (0, 2), (0, 4), (0, 8), (0, 16), (2, 8), (2, 16), (3, 1), (3, 2), (3, 4), (3, 8),
-     (4, 8), (4, 16), (6, 8), (6, 16)],
+    [
+        (0, 1),
+        (0, 2),
+        (0, 4),
+        (0, 8),
+        (0, 16),
+        (2, 8),
+        (2, 16),
+        (3, 1),
+        (3, 2),
+        (3, 4),
+        (3, 8),
+        (4, 8),
+        (4, 16),
+        (6, 8),
+        (6, 16),
+    ],
 )
 def test_png_every_colour_type_and_depth_equals_pil(color_type, bit_depth):
     w, h = 37, 23
@@ -287,7 +307,15 @@ def test_png_every_colour_type_and_depth_equals_pil(color_type, bit_depth):
 
 
 def _adam7_passes(arr):
-    starts = [(0, 0, 8, 8), (0, 4, 8, 8), (4, 0, 8, 4), (0, 2, 4, 4), (2, 0, 4, 2), (0, 1, 2, 2), (1, 0, 2, 1)]
+    starts = [
+        (0, 0, 8, 8),
+        (0, 4, 8, 8),
+        (4, 0, 8, 4),
+        (0, 2, 4, 4),
+        (2, 0, 4, 2),
+        (0, 1, 2, 2),
+        (1, 0, 2, 1),
+    ]
     passes = []
     for y0, x0, dy, dx in starts:
         sub = arr[y0::dy, x0::dx]
@@ -331,7 +359,12 @@ def test_cmyk_and_ycck_jpeg_equal_pil():
     """Debian's libjpeg-turbo 2.1 TurboJPEG API rejected these; Pillow decodes them (Adobe
     inverted CMYK), and so must we, pixel for pixel."""
     rng = np.random.default_rng(7)
-    ink = np.clip(textured(61, 43, seed=2)[..., [0, 1, 2, 0]].astype(int) + rng.integers(-40, 40, (43, 61, 4)), 0, 255).astype(np.uint8)
+    ink = np.clip(
+        textured(61, 43, seed=2)[..., [0, 1, 2, 0]].astype(int)
+        + rng.integers(-40, 40, (43, 61, 4)),
+        0,
+        255,
+    ).astype(np.uint8)
     for data in (cmyk_jpeg(ink), ycck_jpeg(ink)):
         img = Image.open(io.BytesIO(data))
         assert img.mode == "CMYK"
@@ -342,7 +375,9 @@ def test_cmyk_and_ycck_jpeg_equal_pil():
         for f in (2, 4):
             img = Image.open(io.BytesIO(data))
             img.draft("RGB", (61 // f, 43 // f))
-            np.testing.assert_array_equal(D.decode_image(data, f).numpy(), np.asarray(img.convert("RGB")))
+            np.testing.assert_array_equal(
+                D.decode_image(data, f).numpy(), np.asarray(img.convert("RGB"))
+            )
     # The YCCK really is YCCK and decodes to the intended picture (within JPEG error); stored
     # ink values are inverted (Adobe), so the picture is that of 255 - ink.
     y = ycck_jpeg(ink)
@@ -355,11 +390,15 @@ def test_cmyk_and_ycck_jpeg_equal_pil():
 def test_cmyk_random_resized_crop_region_decode_equals_full_decode():
     ink = textured(300, 220, seed=5)[..., [0, 1, 2, 1]].copy()
     data = cmyk_jpeg(ink)
-    o = options(crop="random_resized_crop", height=40, width=40, scale=(0.05, 0.5), decode_scaling="off")
+    o = options(
+        crop="random_resized_crop", height=40, width=40, scale=(0.05, 0.5), decode_scaling="off"
+    )
     full = torch.from_numpy(pil_rgb(data).copy())
     for idx in range(10):
         d = D.draw_image_params(o, 300, 220, True, 1, 0, idx)
-        crop = full[d["top"] : d["top"] + d["height"], d["left"] : d["left"] + d["width"]].contiguous()
+        crop = full[
+            d["top"] : d["top"] + d["height"], d["left"] : d["left"] + d["width"]
+        ].contiguous()
         ref = D.resample_bilinear(crop, [0, 0, d["width"], d["height"]], 40, 40).permute(2, 0, 1)
         assert torch.equal(D.process_image(data, o, 1, 0, idx), ref)
 
@@ -367,9 +406,15 @@ def test_cmyk_random_resized_crop_region_decode_equals_full_decode():
 @needs_jpeg
 def test_progressive_and_huge_app_segment_jpegs_equal_pil():
     arr = textured(200, 150, seed=8)
-    icc = bytes(np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8))  # 4 APP2 segments
+    icc = bytes(
+        np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
+    )  # 4 APP2 segments
     exif = b"Exif\0\0" + bytes(65000)
-    for kw in ({"progressive": True}, {"icc_profile": icc, "exif": exif}, {"progressive": True, "icc_profile": icc}):
+    for kw in (
+        {"progressive": True},
+        {"icc_profile": icc, "exif": exif},
+        {"progressive": True, "icc_profile": icc},
+    ):
         buf = io.BytesIO()
         Image.fromarray(arr).save(buf, "JPEG", quality=88, **kw)
         data = buf.getvalue()
@@ -390,7 +435,9 @@ def test_format_comes_from_the_bytes_not_the_name(tmp_path):
     ds = WebDataset([url], fields=["jpg"], crop="resize", size=(30, 40), decode_scaling="off")
     batch = next(iter(DataLoader(ds, batch_size=2, num_workers=1, seed=0)))
     for i in range(2):
-        ref = np.asarray(Image.open(io.BytesIO(png[i])).convert("RGB").resize((40, 30), Image.BILINEAR))
+        ref = np.asarray(
+            Image.open(io.BytesIO(png[i])).convert("RGB").resize((40, 30), Image.BILINEAR)
+        )
         np.testing.assert_array_equal(batch[i].permute(1, 2, 0).numpy(), ref)
     if D.with_jpeg:
         url2 = str(tmp_path / "b.tar")
@@ -399,7 +446,9 @@ def test_format_comes_from_the_bytes_not_the_name(tmp_path):
         batch = next(iter(DataLoader(ds, batch_size=2, num_workers=1, seed=0)))
         assert set(batch) == {"jpeg"}  # extensions are matched lower-cased
         for i, data in enumerate([png[2], jpeg_bytes(arrs[3])]):
-            ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB").resize((40, 30), Image.BILINEAR))
+            ref = np.asarray(
+                Image.open(io.BytesIO(data)).convert("RGB").resize((40, 30), Image.BILINEAR)
+            )
             assert_matches_pil(batch["jpeg"][i], torch.from_numpy(ref.copy()).permute(2, 0, 1))
 
 
@@ -410,7 +459,9 @@ def hf_texture(w, h, seed):
     y, x = np.mgrid[0:h, 0:w]
     p = int(r.integers(1, 5))
     cb = ((x // p + y // p) % 2) * 120.0
-    img = cb[..., None] * r.uniform(0.4, 1, 3) + 60 + 40 * np.sin(0.3 * x + 0.2 * y + seed)[..., None]
+    img = (
+        cb[..., None] * r.uniform(0.4, 1, 3) + 60 + 40 * np.sin(0.3 * x + 0.2 * y + seed)[..., None]
+    )
     return np.clip(img + r.normal(0, 25, (h, w, 3)), 0, 255).astype(np.uint8)
 
 
@@ -436,7 +487,14 @@ def torchvision_reference(data, o, d):
 
 def fidelity(mode, decode_scaling, size, resize_size, n=8, wh=(500, 375)):
     """Per-image mean abs diff vs torchvision_reference, and how many draws used a scaled decode."""
-    o = options(crop=mode, height=size, width=size, resize_size=resize_size, flip_prob=0.5, decode_scaling=decode_scaling)
+    o = options(
+        crop=mode,
+        height=size,
+        width=size,
+        resize_size=resize_size,
+        flip_prob=0.5,
+        decode_scaling=decode_scaling,
+    )
     means, scaled = [], 0
     for i in range(n):
         w, h = wh if i % 2 == 0 else wh[::-1]
@@ -513,7 +571,10 @@ def run_bomb(tmp_path, data, limit):
     path = tmp_path / "bomb.bin"
     path.write_bytes(data)
     r = subprocess.run(
-        [sys.executable, "-c", BOMB_SCRIPT, str(path), str(limit)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", BOMB_SCRIPT, str(path), str(limit)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     growth, msg = r.stdout.strip().split("\n", 1)
@@ -531,7 +592,11 @@ def test_decompression_bombs_fail_cleanly_without_allocating(tmp_path, kind, lim
     assert len(data) < 1000
     growth, msg = run_bomb(tmp_path, data, limit)
     if limit:
-        assert "exceeds max_image_pixels=178956970" in msg and "16000x16000" in msg or "16384x16384" in msg, msg
+        assert (
+            "exceeds max_image_pixels=178956970" in msg
+            and "16000x16000" in msg
+            or "16384x16384" in msg
+        ), msg
     else:
         assert "too small for its declared size" in msg or "corrupt JPEG" in msg, msg
     assert growth < 32, f"peak RSS grew {growth} MiB"
@@ -599,11 +664,19 @@ def _check_decode(data):
     compress=st.booleans(),
     plte=st.booleans(),
 )
-def test_random_png_headers_decode_or_raise_cleanly(width, height, bit_depth, color_type, interlace, payload, compress, plte):
+def test_random_png_headers_decode_or_raise_cleanly(
+    width, height, bit_depth, color_type, interlace, payload, compress, plte
+):
     ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, color_type, 0, 0, interlace)
     extra = _png_chunk(b"PLTE", bytes(range(48))) if plte else b""
     body = zlib.compress(payload) if compress else payload
-    data = b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + extra + _png_chunk(b"IDAT", body) + _png_chunk(b"IEND", b"")
+    data = (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", ihdr)
+        + extra
+        + _png_chunk(b"IDAT", body)
+        + _png_chunk(b"IEND", b"")
+    )
     out = _check_decode(data)
     if out is not None:
         assert tuple(out.shape[:2]) == (height, width)
@@ -626,7 +699,9 @@ def test_random_png_headers_decode_or_raise_cleanly(width, height, bit_depth, co
     progressive=st.booleans(),
     cut=st.integers(0, 400),
 )
-def test_random_jpeg_sof_headers_decode_or_raise_cleanly(precision, width, height, components, sampling, progressive, cut):
+def test_random_jpeg_sof_headers_decode_or_raise_cleanly(
+    precision, width, height, components, sampling, progressive, cut
+):
     buf = io.BytesIO()
     Image.fromarray(textured(24, 16, seed=1)).save(buf, "JPEG", quality=80, progressive=progressive)
     data = bytearray(buf.getvalue())

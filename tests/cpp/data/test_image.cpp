@@ -337,8 +337,7 @@ TEST_CASE("decompression bombs are refused before allocating", "[data][image]") 
   jpg[sof + 6] = static_cast<char>(16000 & 255);
   jpg[sof + 7] = static_cast<char>(16000 >> 8);
   jpg[sof + 8] = static_cast<char>(16000 & 255);
-  CHECK_THROWS_WITH(decode_image(bytes(jpg), jpg.size(), 1, &img),
-                    Catch::Contains("16000x16000"));
+  CHECK_THROWS_WITH(decode_image(bytes(jpg), jpg.size(), 1, &img), Catch::Contains("16000x16000"));
   RgbImage fresh;
   CHECK_THROWS_WITH(decode_image(bytes(jpg), jpg.size(), 1, &fresh, 0),
                     Catch::Contains("corrupt JPEG"));
