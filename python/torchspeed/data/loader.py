@@ -160,10 +160,13 @@ class WebDataset(_NativeSource):
     ``decode_scaling`` picks libjpeg-turbo's 1/2, 1/4, 1/8 decode-time downscaling:
     ``True``/``"accurate"`` (default) scales only while the decoded crop stays >= 4x the output,
     so pixels stay within 1 level mean absolute difference per image of a full decode + PIL
-    BILINEAR resize (measured <= 0.5 on noise textures; at 224 outputs from ~500x375 photos it
-    never scales); ``"fast"`` scales whenever the crop is >= the output: on 500x375 -> 112 about
-    1.4-1.9x the decode throughput, but 2-7 levels mean (max 50) off torchvision on textured
-    images (see bench/bench_loader.py); ``False``/``"off"`` always decodes at full size.
+    BILINEAR resize (measured <= 0.5 on noise textures; from ~500x375 photos it only scales for
+    outputs under ~60 px); ``"fast"`` scales whenever the crop is >= the output: measured on one core
+    with 500x375 q90 JPEGs (bench/bench_loader.py), 1.2x the images/s of the default for 112 px
+    random crops, 1.4x for 112 px resize / resize_center_crop, 1.7x for 64 px resize, nothing at
+    224 px; its pixels are 0.4-1.1 levels mean per image off torchvision there (worst image 1.4),
+    2-7 levels mean (single pixels up to ~50) on noise/checkerboard textures. ``False``/``"off"``
+    always decodes at full size.
     ``max_image_pixels`` (default 178,956,970, Pillow's error threshold; None = no limit) refuses
     larger images before anything is allocated; PNG/JPEG data too small for the size its header
     declares is refused as a decompression bomb too.
@@ -211,7 +214,8 @@ class WebDataset(_NativeSource):
         o = self.image_options
         return (
             f"WebDataset({len(self.urls)} shards, {len(self)} samples, fields={self.fields}, "
-            f"crop={o.crop}, size=({o.height}, {o.width}), flip_prob={o.flip_prob})"
+            f"crop={o.crop}, size=({o.height}, {o.width}), flip_prob={o.flip_prob}, "
+            f"decode_scaling={o.decode_scaling!r}, max_image_pixels={o.max_image_pixels or None})"
         )
 
 
