@@ -4,9 +4,10 @@ Workload: 2,048 textured 500x375 JPEGs at quality 90 (~2.5 bits/pixel, generated
 stored as WebDataset shards (torchspeed) and as an image folder (torch). Pipeline: decode ->
 RandomResizedCrop(224) -> horizontal flip -> uint8 CHW, batch 256. Reports images/s (median of
 timed epochs after a warm-up), the single-core ceiling of the same native decode+crop calls,
-first-batch latency, resident memory, and in-memory tensor batches vs torch's default collate.
+first-batch latency, resident memory, in-memory tensor batches vs torch's default collate, and
+the decode_scaling modes side by side: speed and fidelity (mean abs diff vs the Pillow reference).
 
-    python bench/bench_loader.py [--quick] [--workers 1 2] [--epochs 3]
+    python bench/bench_loader.py [--quick] [--workers 1 2] [--epochs 3] [--decode-scaling-only]
 
 Writes a JSON next to the table: $TORCHSPEED_RESULTS_DIR/bench_loader.json or bench/out/.
 """
@@ -232,6 +233,91 @@ def bench_ceiling(urls, n: int) -> dict:
     return {"images_per_s": per_s, "images_per_s_no_decode_scaling": per_s_noscale}
 
 
+def pil_reference(data: bytes, o, d) -> np.ndarray:
+    """torchvision on PIL given the loader's draws: full decode, crop, BILINEAR (antialiased)."""
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    oh, ow = o.height, o.width
+    if o.crop == "random_resized_crop":
+        t, left, h, w = d["top"], d["left"], d["height"], d["width"]
+        out = img.crop((left, t, left + w, t + h)).resize((ow, oh), Image.BILINEAR)
+    elif o.crop == "resize_center_crop":
+        rw, rh = d["resize_width"], d["resize_height"]
+        out = img.resize((rw, rh), Image.BILINEAR)
+        top, left = int(round((rh - oh) / 2.0)), int(round((rw - ow) / 2.0))
+        out = out.crop((left, top, left + ow, top + oh))
+    else:
+        out = img.resize((ow, oh), Image.BILINEAR)
+    return np.asarray(out).transpose(2, 0, 1).astype(np.int16)
+
+
+def bench_decode_scaling(urls, n: int, n_fidelity: int = 32) -> dict:
+    """Speed (one core, native process_image) and fidelity (per-image mean |diff| vs the Pillow
+    reference) of decode_scaling="accurate" (default), "fast" and "off", per crop mode."""
+    import tarfile
+
+    D = torchspeed._C.data
+    blobs = []
+    for u in urls:
+        with tarfile.open(u) as tf:
+            blobs += [tf.extractfile(m).read() for m in tf.getmembers() if m.name.endswith(".jpg")]
+    blobs = blobs[:n]
+    rows = []
+    for crop, size, resize_size in (
+        ("random_resized_crop", 224, 256),
+        ("random_resized_crop", 112, 128),
+        ("resize_center_crop", 224, 256),
+        ("resize_center_crop", 112, 128),
+        ("resize", 112, 128),
+        ("resize", 64, 64),
+    ):
+        row = {"crop": crop, "size": size, "modes": {}}
+        for mode in ("accurate", "fast", "off"):
+            o = D.ImageTransformOptions()
+            o.crop, o.height, o.width, o.resize_size = crop, size, size, resize_size
+            o.decode_scaling = mode
+            for i, b in enumerate(blobs[:16]):
+                D.process_image(b, o, 0, 0, i)
+            t = time.perf_counter()
+            for i, b in enumerate(blobs):
+                D.process_image(b, o, 0, 1, i)
+            per_s = len(blobs) / (time.perf_counter() - t)
+            diffs, scaled = [], 0
+            for i, b in enumerate(blobs[:n_fidelity]):
+                w, h = Image.open(io.BytesIO(b)).size
+                d = D.draw_image_params(o, w, h, True, 0, 1, i)
+                scaled += d["scale_denom"] > 1
+                out = D.process_image(b, o, 0, 1, i).numpy().astype(np.int16)
+                diffs.append(float(np.abs(out - pil_reference(b, o, d)).mean()))
+            row["modes"][mode] = {
+                "images_per_s": per_s,
+                "mean_abs_diff": statistics.mean(diffs),
+                "max_image_mean_abs_diff": max(diffs),
+                "scaled_fraction": scaled / len(diffs),
+            }
+        rows.append(row)
+    return {"images": len(blobs), "fidelity_images": n_fidelity, "rows": rows}
+
+
+def print_decode_scaling(r: dict) -> None:
+    print(
+        f"\ndecode_scaling on one core ({r['images']} images; fidelity = per-image mean |diff| "
+        f"vs full decode + PIL BILINEAR, mean / worst of {r['fidelity_images']})"
+    )
+    hdr = f"{'crop':>19} {'size':>4} | " + " | ".join(
+        f"{m + ' img/s':>14} {'diff':>11}" for m in ("accurate", "fast", "off")
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for row in r["rows"]:
+        cells = []
+        for m in ("accurate", "fast", "off"):
+            x = row["modes"][m]
+            cells.append(
+                f"{x['images_per_s']:>14,.0f} {x['mean_abs_diff']:>5.2f}/{x['max_image_mean_abs_diff']:<5.2f}"
+            )
+        print(f"{row['crop']:>19} {row['size']:>4} | " + " | ".join(cells))
+
+
 def bench_tensors(batch: int, epochs: int) -> dict:
     n = 50_000
     x = torch.randint(0, 255, (n, 3, 32, 32), dtype=torch.uint8)
@@ -281,6 +367,11 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--quick", action="store_true", help="512 images, 1 timed epoch (CI smoke)")
     p.add_argument("--data-dir", default=None, help="where the generated images are cached")
+    p.add_argument(
+        "--decode-scaling-only",
+        action="store_true",
+        help="only the decode_scaling speed/fidelity table (no loader runs)",
+    )
     a = p.parse_args()
     if a.quick:
         a.images, a.epochs = 512, 1
@@ -289,6 +380,14 @@ def main() -> int:
     data_dir = a.data_dir or os.path.join(HERE, "out", "loader_data")
     data = make_dataset(data_dir, a.images)
     torch.set_num_threads(1)
+    if a.decode_scaling_only:
+        r = bench_decode_scaling(data["urls"], min(a.images, 512))
+        print_decode_scaling(r)
+        path = os.path.join(out_dir, "bench_loader_decode_scaling.json")
+        with open(path, "w") as f:
+            json.dump(r, f, indent=2)
+        print(f"wrote {path}")
+        return 0
 
     results = {
         "machine": {
@@ -323,6 +422,7 @@ def main() -> int:
         }
         rows.append((n, t, o))
     results["tensor_batches"] = bench_tensors(a.batch, max(a.epochs, 2))
+    results["decode_scaling"] = bench_decode_scaling(data["urls"], min(a.images, 512))
 
     print(
         f"\nLoader benchmark: {a.images} JPEGs 500x375 q90 ({data['bpp']:.2f} bpp), batch "
@@ -354,6 +454,7 @@ def main() -> int:
         f"{tb['torchspeed_tensor_source_1t']['samples_per_s']:,.0f} samples/s "
         f"({tb['speedup']:.1f}x)"
     )
+    print_decode_scaling(results["decode_scaling"])
     path = os.path.join(out_dir, "bench_loader.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=2)

@@ -21,7 +21,7 @@ fi
 PNG_FLAGS="$(pkg-config --cflags libpng 2>/dev/null || true)"
 PNG_LIBS="$(pkg-config --libs libpng 2>/dev/null || echo -lpng)"
 FLAGS="-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -DTORCHSPEED_DATA_MAX_PIXELS=(1<<22) -I$ROOT/include -I$ROOT/csrc/data $JPEG_FLAGS $PNG_FLAGS"
+  -I$ROOT/include -I$ROOT/csrc/data $JPEG_FLAGS $PNG_FLAGS"
 CORE="$ROOT/csrc/data/tar_reader.cpp $ROOT/csrc/data/npy.cpp $ROOT/csrc/data/image.cpp"
 
 for target in fuzz_tar fuzz_index fuzz_decode; do

@@ -25,14 +25,24 @@ struct RgbImage {
   std::vector<uint8_t> pixels;
 };
 
-// Reads width/height without decoding. Throws std::runtime_error on bad data.
-TORCHSPEED_API void probe_image(const uint8_t* data, size_t size, int* width, int* height);
+// Reads width/height from the header without decoding (the format comes from the bytes, never
+// from a file name). Throws std::runtime_error on bad data or when width * height exceeds
+// max_pixels (0 = no limit).
+TORCHSPEED_API void probe_image(const uint8_t* data, size_t size, int* width, int* height,
+                                int64_t max_pixels = kDefaultMaxImagePixels);
 
-// Decodes to RGB. `scale_denom` (1, 2, 4 or 8) decodes a JPEG at 1/scale_denom size through
-// libjpeg-turbo's scaled IDCT (size = ceil(dim / scale_denom)); PNG requires 1. Grayscale and
-// palette images are expanded to RGB; alpha is dropped (like PIL's convert("RGB")).
+// Decodes to RGB like Pillow's Image.open(...).convert("RGB"). `scale_denom` (1, 2, 4 or 8)
+// decodes a JPEG at 1/scale_denom size through libjpeg-turbo's scaled IDCT (size =
+// ceil(dim / scale_denom)); PNG requires 1.
+//  JPEG: grayscale, YCbCr, RGB, and CMYK / YCCK (Adobe inverted convention, as Pillow assumes).
+//  PNG: any bit depth and colour type; palette expanded, alpha dropped (no compositing), 16-bit
+//  channels keep the high byte, except 16-bit grayscale, which Pillow clips to 255.
+// Bombs: images over max_pixels (0 = no limit) are refused from the header; the output grows
+// with the rows actually decoded, and PNG IDAT / progressive JPEG data too small to fill the
+// declared size is refused before anything big is allocated.
 // Corrupt or truncated data (including libjpeg warnings) throws std::runtime_error.
-TORCHSPEED_API void decode_image(const uint8_t* data, size_t size, int scale_denom, RgbImage* out);
+TORCHSPEED_API void decode_image(const uint8_t* data, size_t size, int scale_denom, RgbImage* out,
+                                 int64_t max_pixels = kDefaultMaxImagePixels);
 
 // Resamples the region `box` (x0, y0, x1, y1 in source pixels, float like PIL) of an RGB image
 // of src_w x src_h to a dst_w x dst_h image with PIL's BILINEAR filter (antialiased when
@@ -43,7 +53,8 @@ TORCHSPEED_API void resample_bilinear(const uint8_t* src, int src_w, int src_h, 
                                       int win_h, uint8_t* out);
 
 // The random (or fixed) choices for one sample, a pure function of (options, image size, seed,
-// epoch, index). crop_* are in original-image pixels; scale_denom is the JPEG decode scale chosen.
+// epoch, index). crop_* are in original-image pixels; scale_denom is the JPEG decode scale chosen
+// under opt.decode_scaling.
 struct ImageDraw {
   int crop_top = 0, crop_left = 0, crop_height = 0, crop_width = 0;
   bool flip = false;

@@ -31,6 +31,33 @@ CropMode parse_mode(const std::string& s) {
               "'resize' or 'none', got '", s, "'");
 }
 
+// decode_scaling: "accurate" (or True), "fast", "off" (or False).
+data::DecodeScaling parse_decode_scaling(const py::object& v) {
+  if (py::isinstance<py::bool_>(v)) {
+    return v.cast<bool>() ? data::DecodeScaling::kAccurate : data::DecodeScaling::kOff;
+  }
+  if (py::isinstance<py::str>(v)) {
+    const std::string s = v.cast<std::string>();
+    if (s == "accurate") return data::DecodeScaling::kAccurate;
+    if (s == "fast") return data::DecodeScaling::kFast;
+    if (s == "off") return data::DecodeScaling::kOff;
+  }
+  TORCH_CHECK(false, "torchspeed.data: decode_scaling must be True/'accurate', 'fast' or ",
+              "False/'off', got ", py::str(py::repr(v)).cast<std::string>());
+}
+
+const char* decode_scaling_name(data::DecodeScaling s) {
+  switch (s) {
+    case data::DecodeScaling::kAccurate:
+      return "accurate";
+    case data::DecodeScaling::kFast:
+      return "fast";
+    case data::DecodeScaling::kOff:
+      break;
+  }
+  return "off";
+}
+
 const char* mode_name(CropMode m) {
   switch (m) {
     case CropMode::kRandomResizedCrop:
@@ -98,7 +125,13 @@ void bind_data(py::module_& m) {
       .def_readwrite("scale", &ImageTransformOptions::scale)
       .def_readwrite("ratio", &ImageTransformOptions::ratio)
       .def_readwrite("flip_prob", &ImageTransformOptions::flip_prob)
-      .def_readwrite("decode_scaling", &ImageTransformOptions::decode_scaling)
+      .def_property(
+          "decode_scaling",
+          [](const ImageTransformOptions& o) { return decode_scaling_name(o.decode_scaling); },
+          [](ImageTransformOptions& o, const py::object& v) {
+            o.decode_scaling = parse_decode_scaling(v);
+          })
+      .def_readwrite("max_image_pixels", &ImageTransformOptions::max_image_pixels)
       .def_readwrite("to_float", &ImageTransformOptions::to_float)
       .def_readwrite("normalize", &ImageTransformOptions::normalize)
       .def_readwrite("mean", &ImageTransformOptions::mean)
@@ -222,18 +255,23 @@ void bind_data(py::module_& m) {
       "The crop/flip/decode-scale draws the loader makes for sample `index` of `epoch`.");
   d.def(
       "decode_image",
-      [](const py::bytes& buf, int scale_denom) {
+      [](const py::bytes& buf, int scale_denom, int64_t max_image_pixels) {
+        TORCH_CHECK(max_image_pixels >= 0,
+                    "torchspeed.data.decode_image: max_image_pixels must be >= 0 (0 = no limit), ",
+                    "got ", max_image_pixels);
         const std::string s = as_bytes(buf);
         data::RgbImage img;
         core_call([&] {
           data::decode_image(reinterpret_cast<const uint8_t*>(s.data()), s.size(), scale_denom,
-                             &img);
+                             &img, max_image_pixels);
         });
         at::Tensor t = at::empty({img.height, img.width, 3}, at::kByte);
         std::memcpy(t.data_ptr(), img.pixels.data(), img.pixels.size());
         return t;
       },
-      py::arg("data"), py::arg("scale_denom") = 1, "Decode JPEG/PNG bytes to an HWC uint8 tensor.");
+      py::arg("data"), py::arg("scale_denom") = 1,
+      py::arg("max_image_pixels") = data::kDefaultMaxImagePixels,
+      "Decode JPEG/PNG bytes (format sniffed from the bytes) to an HWC uint8 tensor.");
   d.def(
       "process_image",
       [](const py::bytes& buf, ImageTransformOptions o, uint64_t seed, uint64_t epoch,

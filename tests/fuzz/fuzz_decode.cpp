@@ -20,7 +20,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   opt.resize_size = 32;
   opt.to_float = (sel & 4) != 0;
   opt.channels_last = (sel & 8) != 0;
-  opt.decode_scaling = (sel & 16) != 0;
+  opt.decode_scaling = (sel & 16) != 0 ? DecodeScaling::kFast : DecodeScaling::kAccurate;
+  // Small pixel limit: keeps allocations well under libFuzzer's RSS limit (bombs are refused).
+  opt.max_image_pixels = int64_t{1} << 22;
   std::vector<uint8_t> out(image_output_bytes(opt));
   try {
     process_image(data + 1, size - 1, opt, sel, 1, 2, out.data());

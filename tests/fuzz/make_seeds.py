@@ -1,10 +1,12 @@
-"""Writes small seed inputs for the data-loader fuzz targets (tar shard, shard index, images)."""
+"""Writes small seed inputs for the data-loader fuzz targets (tar shard, shard index, images,
+including CMYK/YCCK JPEGs, 16-bit PNGs and decompression bombs)."""
 
 import io
 import os
 import struct
 import sys
 import tarfile
+import zlib
 
 import numpy as np
 from PIL import Image
@@ -17,6 +19,51 @@ def image_bytes(fmt, size=(40, 30), mode="RGB"):
     buf = io.BytesIO()
     img.save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
     return buf.getvalue()
+
+
+def png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def raw_png(width, height, bit_depth, color_type, idat):
+    ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, color_type, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", ihdr)
+        + png_chunk(b"IDAT", idat)
+        + png_chunk(b"IEND", b"")
+    )
+
+
+def png16(color_type=2, size=(20, 12)):
+    ch = {0: 1, 2: 3, 4: 2, 6: 4}[color_type]
+    rng = np.random.default_rng(1)
+    rows = rng.integers(0, 65536, (size[1], size[0] * ch), dtype=np.uint16).astype(">u2")
+    raw = b"".join(b"\0" + r.tobytes() for r in rows)
+    return raw_png(size[0], size[1], 16, color_type, zlib.compress(raw))
+
+
+def cmyk_jpeg(ycck=False):
+    rng = np.random.default_rng(2)
+    arr = rng.integers(0, 255, (24, 32, 4), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr, "CMYK").save(buf, "JPEG", quality=90)
+    data = bytearray(buf.getvalue())
+    if ycck:  # flip the Adobe marker's transform byte: the same scan read as YCCK
+        i = data.index(b"\xff\xee")
+        data[i + 15] = 2
+    return bytes(data)
+
+
+def jpeg_bomb(progressive=False):
+    buf = io.BytesIO()
+    Image.fromarray(np.full((16, 16, 3), 90, np.uint8)).save(
+        buf, "JPEG", quality=50, progressive=progressive
+    )
+    data = bytearray(buf.getvalue())
+    i = data.index(b"\xff\xc2" if progressive else b"\xff\xc0")
+    data[i + 5 : i + 9] = struct.pack(">HH", 16000, 16000)
+    return bytes(data)
 
 
 def tar_bytes(members):
@@ -43,6 +90,12 @@ def index_bytes(shard_size, samples):
 def main(root):
     jpg, png = image_bytes("JPEG"), image_bytes("PNG")
     gray = image_bytes("JPEG", mode="L")
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(3).integers(0, 255, (30, 40, 3), dtype=np.uint8)).save(
+        buf, "JPEG", quality=85, progressive=True
+    )
+    progressive = buf.getvalue()
+    palette = image_bytes("PNG", mode="P")
     tar = tar_bytes([("a/0.jpg", jpg), ("a/0.cls", b"3"), ("a/1.png", png), ("a/1.txt", b"x")])
     seeds = {
         "fuzz_tar": {"shard.tar": tar},
@@ -52,6 +105,16 @@ def main(root):
             "resize.png": b"\x01" + png,
             "gray.jpg": b"\x13" + gray,
             "float_hwc.jpg": b"\x0e" + jpg,
+            "cmyk.jpg": b"\x00" + cmyk_jpeg(),
+            "ycck.jpg": b"\x11" + cmyk_jpeg(ycck=True),
+            "progressive.jpg": b"\x02" + progressive,
+            "bomb.png": b"\x01" + raw_png(16384, 16384, 8, 2, zlib.compress(bytes(1000))[:12]),
+            "bomb.jpg": b"\x00" + jpeg_bomb(),
+            "bomb_progressive.jpg": b"\x03" + jpeg_bomb(progressive=True),
+            "rgb16.png": b"\x01" + png16(2),
+            "gray16.png": b"\x01" + png16(0),
+            "la16.png": b"\x01" + png16(4),
+            "palette.png": b"\x01" + palette,
         },
     }
     for target, files in seeds.items():

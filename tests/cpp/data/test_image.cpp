@@ -290,3 +290,91 @@ TEST_CASE("epoch order: seeded permutation, distributed pad and drop", "[data][s
   CHECK(batch_count(10, 3, false) == 4);
   CHECK(batch_count(10, 3, true) == 3);
 }
+
+namespace {
+std::string be32s(uint32_t v) {
+  return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                     static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+// A PNG whose IHDR declares w x h RGB but whose IDAT holds only `idat` (CRCs are not checked
+// before the size checks under test).
+std::string png_with_ihdr(uint32_t w, uint32_t h, const std::string& idat) {
+  std::string ihdr = be32s(w) + be32s(h) + std::string("\x08\x02\x00\x00\x00", 5);
+  auto chunk = [](const std::string& type, const std::string& body) {
+    return be32s(static_cast<uint32_t>(body.size())) + type + body + be32s(0);
+  };
+  return std::string("\x89PNG\r\n\x1a\n", 8) + chunk("IHDR", ihdr) + chunk("IDAT", idat) +
+         chunk("IEND", "");
+}
+}  // namespace
+
+TEST_CASE("decompression bombs are refused before allocating", "[data][image]") {
+  RgbImage img;
+  const std::string bomb = png_with_ihdr(16384, 16384, std::string("\x78\x9c\x63\x60", 4));
+  CHECK_THROWS_WITH(decode_image(bytes(bomb), bomb.size(), 1, &img),
+                    Catch::Contains("exceeds max_image_pixels=178956970"));
+  CHECK_THROWS_WITH(decode_image(bytes(bomb), bomb.size(), 1, &img, 0),
+                    Catch::Contains("too small for its declared size"));
+  CHECK(img.pixels.capacity() < (size_t{64} << 20));
+  int w = 0, h = 0;
+  CHECK_THROWS_WITH(probe_image(bytes(bomb), bomb.size(), &w, &h, 1000),
+                    Catch::Contains("16384x16384"));
+  // The limit is configurable per image.
+  const auto px = textured_rgb(40, 30, 2);
+  const std::string png = encode_png(px, 40, 30);
+  CHECK_THROWS_WITH(decode_image(bytes(png), png.size(), 1, &img, 1199),
+                    Catch::Contains("exceeds max_image_pixels=1199"));
+  decode_image(bytes(png), png.size(), 1, &img, 1200);
+  CHECK(img.pixels == px);
+  ImageTransformOptions o;
+  o.max_image_pixels = -1;
+  CHECK_THROWS_AS(validate_transform_options(o), std::invalid_argument);
+#if TORCHSPEED_WITH_JPEG
+  std::string jpg = encode_jpeg(textured_rgb(16, 16, 1), 16, 16, 50);
+  const size_t sof = jpg.find("\xff\xc0");
+  REQUIRE(sof != std::string::npos);
+  jpg[sof + 5] = static_cast<char>(16000 >> 8);
+  jpg[sof + 6] = static_cast<char>(16000 & 255);
+  jpg[sof + 7] = static_cast<char>(16000 >> 8);
+  jpg[sof + 8] = static_cast<char>(16000 & 255);
+  CHECK_THROWS_WITH(decode_image(bytes(jpg), jpg.size(), 1, &img), Catch::Contains("16000x16000"));
+  RgbImage fresh;
+  CHECK_THROWS_WITH(decode_image(bytes(jpg), jpg.size(), 1, &fresh, 0),
+                    Catch::Contains("corrupt JPEG"));
+  CHECK(fresh.pixels.capacity() < (size_t{64} << 20));  // rows grow only as data decodes
+#endif
+}
+
+#if TORCHSPEED_WITH_JPEG
+TEST_CASE("CMYK/YCCK JPEG decodes to RGB with Adobe inverted ink", "[data][image]") {
+  const int w = 48, h = 32;
+  const auto rgb = textured_rgb(w, h, 4);
+  // Stored ink values s: the picture Pillow shows is R = s_k * s_c / 255 (inverted CMYK).
+  std::vector<uint8_t> ink(static_cast<size_t>(w) * h * 4);
+  for (size_t i = 0; i < static_cast<size_t>(w) * h; ++i) {
+    for (int c = 0; c < 3; ++c) ink[4 * i + c] = rgb[3 * i + c];
+    ink[4 * i + 3] = static_cast<uint8_t>(200 + i % 56);
+  }
+  tjhandle t = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long len = 0;
+  // TurboJPEG writes CMYK input as a YCCK JPEG.
+  REQUIRE(tjCompress2(t, ink.data(), w, 0, h, TJPF_CMYK, &buf, &len, TJSAMP_444, 95, 0) == 0);
+  const std::string jpg(reinterpret_cast<char*>(buf), len);
+  tjFree(buf);
+  tjDestroy(t);
+  RgbImage img;
+  decode_image(bytes(jpg), jpg.size(), 1, &img);
+  REQUIRE(img.width == w);
+  REQUIRE(img.height == h);
+  double sum = 0;
+  for (size_t i = 0; i < static_cast<size_t>(w) * h; ++i) {
+    for (int c = 0; c < 3; ++c) {
+      const double expect = ink[4 * i + 3] * (ink[4 * i + c] / 255.0);
+      sum += std::fabs(img.pixels[3 * i + c] - expect);
+    }
+  }
+  // The texture carries +-20 noise, so q95 costs about 3 levels; a wrong conversion costs >40.
+  CHECK(sum / (static_cast<double>(w) * h * 3) < 5.0);
+}
+#endif
