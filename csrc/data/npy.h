@@ -1,4 +1,4 @@
-// Torch-free .npy header parsing (format versions 1-3) for memory-mapped arrays and tar fields.
+// Torch-free .npy header parsing (format versions 1-3) for .npy files and tar fields.
 #pragma once
 
 #include <cstddef>
