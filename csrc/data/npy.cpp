@@ -55,7 +55,14 @@ const char* npy_type_name(NpyType t) {
 }
 
 NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& where) {
+  return parse_npy_header(data, size, size, where);
+}
+
+NpyArray parse_npy_header(const uint8_t* data, size_t available, uint64_t file_size,
+                          const std::string& where) {
   static const uint8_t kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+  if (available > file_size) bad(where, "more bytes available than the file has");
+  const size_t size = available;
   if (size < 10 || std::memcmp(data, kMagic, 6) != 0) bad(where, "not a .npy file (bad magic)");
   const int major = data[6];
   size_t hlen = 0, hstart = 0;
@@ -70,7 +77,10 @@ NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& where) {
   } else {
     bad(where, "unsupported format version " + std::to_string(major));
   }
-  if (hlen > size - hstart) bad(where, "truncated header");
+  if (hlen > size - hstart) {
+    if (available < file_size) bad(where, "header of " + std::to_string(hlen) + " bytes is too large");
+    bad(where, "truncated header");
+  }
   const std::string h(reinterpret_cast<const char*>(data + hstart), hlen);
 
   NpyArray a;
@@ -142,9 +152,9 @@ NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& where) {
   if (has_zero_dim) bytes = 0;
   a.data_offset = hstart + hlen;
   a.data_bytes = static_cast<size_t>(bytes);
-  if (a.data_bytes > size - a.data_offset) {
+  if (a.data_bytes > file_size - a.data_offset) {
     bad(where, "data is truncated (needs " + std::to_string(a.data_bytes) + " bytes, file has " +
-                   std::to_string(size - a.data_offset) + ")");
+                   std::to_string(file_size - a.data_offset) + ")");
   }
   return a;
 }

@@ -1,4 +1,4 @@
-// Torch-free .npy header parsing (format versions 1-3) for memory-mapped arrays and tar fields.
+// Torch-free .npy header parsing (format versions 1-3) for .npy files and tar fields.
 #pragma once
 
 #include <cstddef>
@@ -41,6 +41,10 @@ struct NpyArray {
 // little-endian or byte-sized dtypes only, C order only, and data that fits in `size`.
 // Throws std::invalid_argument naming `where` otherwise.
 TORCHSPEED_API NpyArray parse_npy(const uint8_t* data, size_t size, const std::string& where);
+// The same from the first `available` bytes of a file of `file_size` bytes (the header must lie in
+// them; the data is checked against `file_size`), so a file can be read in pieces, not mapped.
+TORCHSPEED_API NpyArray parse_npy_header(const uint8_t* data, size_t available, uint64_t file_size,
+                                         const std::string& where);
 
 TORCHSPEED_API const char* npy_type_name(NpyType t);
 

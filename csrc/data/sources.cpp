@@ -1,9 +1,11 @@
-// Loader sources: WebDataset tar shards (memory-mapped + index), .npy files (memory-mapped) and
-// in-memory tensors (batched index_select).
+// Loader sources: WebDataset tar shards (pread + index), .npy files (pread) and in-memory tensors
+// (batched index_select). Files are read, never mapped, so one that shrinks under the loader gives
+// an error naming it, not a SIGBUS.
 #include "sources.h"
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -91,6 +93,26 @@ uint8_t* row_ptr(const at::Tensor& t, int64_t row, size_t bytes) {
   return static_cast<uint8_t*>(t.data_ptr()) + static_cast<size_t>(row) * bytes;
 }
 
+constexpr size_t kTarHeader = 512;
+
+// Reads a tar member together with its header into *buf (one pread) and checks that the header is
+// the one the index recorded, so a shard rewritten after indexing cannot hand out another member's
+// bytes. Returns the member's data (buf->data() + 512).
+const uint8_t* read_member(const ReadOnlyFile& file, const SampleField& f,
+                           std::vector<uint8_t>* buf) {
+  // The index guarantees offset >= 512 and offset + size <= shard size (== file size).
+  buf->resize(kTarHeader + static_cast<size_t>(f.size));
+  file.read(f.offset - kTarHeader, buf->size(), buf->data());
+  if (tar_header_hash(buf->data()) != f.header_hash) {
+    throw std::runtime_error("the tar header at offset " + std::to_string(f.offset - kTarHeader) +
+                             " of '" + file.path() +
+                             "' is not the one indexed for this member: the shard was rewritten "
+                             "after it was indexed (delete '" + file.path() +
+                             ".idx' or write it again)");
+  }
+  return buf->data() + kTarHeader;
+}
+
 // ---------------------------------------------------------------------------------------------
 class WebDatasetSource final : public Source {
  public:
@@ -99,9 +121,13 @@ class WebDatasetSource final : public Source {
     if (opt_.image.normalize) opt_.image.to_float = true;
     TORCH_CHECK(!opt_.urls.empty(), "torchspeed.data.WebDataset: urls must not be empty");
     for (size_t s = 0; s < opt_.urls.size(); ++s) {
+      if (opt_.should_stop && opt_.should_stop()) {
+        throw Cancelled("torchspeed.data.WebDataset: cancelled while indexing shard " +
+                        std::to_string(s) + " of " + std::to_string(opt_.urls.size()));
+      }
       Shard sh;
-      sh.file = std::make_unique<MappedFile>(opt_.urls[s]);
-      sh.index = load_or_build_index(*sh.file);
+      sh.file = std::make_unique<ReadOnlyFile>(opt_.urls[s]);
+      sh.index = load_or_build_index(*sh.file, opt_.should_stop);
       for (size_t i = 0; i < sh.index.samples.size(); ++i) {
         table_.emplace_back(static_cast<uint32_t>(s), static_cast<uint32_t>(i));
       }
@@ -137,12 +163,11 @@ class WebDatasetSource final : public Source {
         }
         if (sf == nullptr) throw std::runtime_error("missing field '" + specs_[f].name + "'");
         auto t0 = Clock::now();
-        // "read": copy the member out of the mapping (page faults land here, not in decode).
+        // "read": pread the member (and its header, to check it against the index).
         thread_local std::vector<uint8_t> buf;
-        buf.resize(static_cast<size_t>(sf->size));
-        if (sf->size > 0) std::memcpy(buf.data(), sh.file->data() + sf->offset, buf.size());
+        const uint8_t* member = read_member(*sh.file, *sf, &buf);
         if (ctx.times) ctx.times->read += since(t0);
-        fill_field(f, sf->ext, buf.data(), buf.size(), index, row, slot, ctx);
+        fill_field(f, sf->ext, member, static_cast<size_t>(sf->size), index, row, slot, ctx);
       }
     } catch (const std::exception& ex) {
       throw std::runtime_error(describe(index) + ": " + ex.what());
@@ -151,23 +176,79 @@ class WebDatasetSource final : public Source {
 
  private:
   struct Shard {
-    std::unique_ptr<MappedFile> file;
+    std::unique_ptr<ReadOnlyFile> file;
     ShardIndex index;
   };
 
-  static ShardIndex load_or_build_index(const MappedFile& file) {
+  // Why the index `index` (read from the shard's .idx) does not describe `file`, or "" if it does:
+  // size and modification time must match, and a few members' headers are spot-checked so most
+  // rewrites that kept both are caught here (the rest fail on read, never silently).
+  static std::string index_mismatch(const ShardIndex& index, const ReadOnlyFile& file) {
+    if (index.shard_size != file.size()) {
+      return "it was written for a " + std::to_string(index.shard_size) + "-byte shard, the shard " +
+             "has " + std::to_string(file.size()) + " bytes";
+    }
+    if (index.shard_mtime_ns != file.mtime_ns()) {
+      return "the shard was modified after the index was written";
+    }
+    std::vector<const SampleField*> fields;
+    for (const auto& e : index.samples) {
+      for (const auto& f : e.fields) fields.push_back(&f);
+    }
+    constexpr size_t kSpotChecks = 8;
+    uint8_t header[kTarHeader];
+    for (size_t k = 0; k < std::min(kSpotChecks, fields.size()); ++k) {
+      // Evenly spread, always including the first and the last member.
+      const size_t i = kSpotChecks >= fields.size()
+                           ? k
+                           : k * (fields.size() - 1) / (kSpotChecks - 1);
+      const SampleField& f = *fields[i];
+      file.read(f.offset - kTarHeader, kTarHeader, header, false);
+      if (tar_header_hash(header) != f.header_hash) {
+        return "the tar header at offset " + std::to_string(f.offset - kTarHeader) +
+               " is not the one the index recorded";
+      }
+    }
+    return "";
+  }
+
+  static ShardIndex load_or_build_index(const ReadOnlyFile& file,
+                                        const std::function<bool()>& should_stop) {
     const std::string idx_path = file.path() + ".idx";
     struct stat st {};
     if (::stat(idx_path.c_str(), &st) == 0) {
+      std::string why;
       try {
-        MappedFile idx(idx_path);
-        ShardIndex index = ShardIndex::deserialize(idx.data(), idx.size(), idx_path);
-        if (index.shard_size == file.size()) return index;
-      } catch (const std::exception&) {
-        // A stale or damaged cache is not an error: fall back to scanning the shard.
+        ReadOnlyFile idx(idx_path);
+        // An index never needs more bytes than its shard has (plus the fixed part and an error
+        // text): anything larger is not one, and is not read into memory.
+        if (idx.size() > file.size() + 65536) {
+          why = "it is larger than its shard";
+        } else {
+          std::vector<uint8_t> bytes(static_cast<size_t>(idx.size()));
+          idx.read(0, bytes.size(), bytes.data());
+          ShardIndex index = ShardIndex::deserialize(bytes.data(), bytes.size(), idx_path);
+          why = index_mismatch(index, file);
+          if (why.empty()) return index;
+        }
+      } catch (const std::exception& e) {
+        why = e.what();
       }
+      // A stale or damaged index is not an error (the shard is the truth), but it costs a scan on
+      // every load, so say so.
+      TORCH_WARN("torchspeed.data.WebDataset: ignoring the index '", idx_path, "' (", why,
+                 "); indexing '", file.path(),
+                 "' in memory instead. Write the index again (torchspeed.data.write_shards) or ",
+                 "delete it.");
     }
-    return ShardIndex::build(file.data(), file.size(), file.path());
+    const ReadAt read = [&file](uint64_t offset, size_t n, uint8_t* out) {
+      file.read(offset, n, out, false);
+    };
+    ShardIndex index = ShardIndex::build(file.size(), read, file.path(), should_stop);
+    // A shard that changed while it was scanned could give an index of neither version.
+    file.check_unchanged();
+    index.shard_mtime_ns = file.mtime_ns();
+    return index;
   }
 
   void discover_fields() {
@@ -237,8 +318,9 @@ class WebDatasetSource final : public Source {
           TORCH_CHECK(sf != nullptr, "torchspeed.data.WebDataset: shard '", opt_.urls[first_shard],
                       "' sample '", first->key, "': missing field '", spec,
                       "' (needed to learn the .npy shape)");
-          const MappedFile& f = *shards_[first_shard].file;
-          const NpyArray a = parse_npy(f.data() + sf->offset, static_cast<size_t>(sf->size),
+          std::vector<uint8_t> buf;
+          const uint8_t* member = read_member(*shards_[first_shard].file, *sf, &buf);
+          const NpyArray a = parse_npy(member, static_cast<size_t>(sf->size),
                                        opt_.urls[first_shard] + ":" + first->key + "." + sf->ext);
           fs.dtype = npy_to_torch(a.type);
           fs.shape = a.shape;
@@ -325,8 +407,12 @@ class NpySource final : public Source {
     TORCH_CHECK(!fields.empty(), "torchspeed.data.NpySource: at least one file is needed");
     for (const auto& [name, path] : fields) {
       Array a;
-      a.file = std::make_unique<MappedFile>(path);
-      a.header = parse_npy(a.file->data(), a.file->size(), path);
+      a.file = std::make_unique<ReadOnlyFile>(path);
+      // The header lies in the first bytes (a few hundred in practice); 1 MiB is plenty.
+      std::vector<uint8_t> head(
+          static_cast<size_t>(std::min<uint64_t>(a.file->size(), uint64_t{1} << 20)));
+      a.file->read(0, head.size(), head.data());
+      a.header = parse_npy_header(head.data(), head.size(), a.file->size(), path);
       TORCH_CHECK(!a.header.shape.empty(), "torchspeed.data.NpySource: '", path,
                   "' must have at least one dimension (the sample dimension), got a scalar");
       if (arrays_.empty()) {
@@ -350,16 +436,20 @@ class NpySource final : public Source {
     auto t0 = Clock::now();
     for (size_t f = 0; f < arrays_.size(); ++f) {
       const Array& a = arrays_[f];
-      std::memcpy(row_ptr((*slot.tensors)[f], row, a.row_bytes),
-                  a.file->data() + a.header.data_offset + static_cast<size_t>(index) * a.row_bytes,
-                  a.row_bytes);
+      // Straight into the slot; a file truncated or rewritten under the loader throws here.
+      try {
+        a.file->read(a.header.data_offset + static_cast<uint64_t>(index) * a.row_bytes,
+                     a.row_bytes, row_ptr((*slot.tensors)[f], row, a.row_bytes));
+      } catch (const std::exception& e) {
+        throw std::runtime_error("sample " + std::to_string(index) + ": " + e.what());
+      }
     }
     if (ctx.times) ctx.times->read += since(t0);
   }
 
  private:
   struct Array {
-    std::unique_ptr<MappedFile> file;
+    std::unique_ptr<ReadOnlyFile> file;
     NpyArray header;
     size_t row_bytes = 0;
   };
@@ -421,6 +511,8 @@ std::shared_ptr<Source> webdataset_source(const WebDatasetOptions& options) {
     return std::make_shared<WebDatasetSource>(options);
   } catch (const c10::Error&) {
     throw;
+  } catch (const Cancelled&) {
+    throw;  // the caller's should_stop asked for it; not a data error
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "torchspeed.data.WebDataset: ", e.what());
   }

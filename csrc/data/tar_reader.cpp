@@ -85,20 +85,77 @@ bool pax_path(const uint8_t* p, size_t n, std::string* path) {
 
 namespace {
 
+// Bytes of the tar being scanned. get() returns a pointer valid until the next call; callers have
+// checked that [offset, offset + n) lies inside the tar.
+class TarBytes {
+ public:
+  virtual ~TarBytes() = default;
+  virtual const uint8_t* get(uint64_t offset, size_t n) = 0;
+};
+
+class MemoryBytes final : public TarBytes {
+ public:
+  explicit MemoryBytes(const uint8_t* data) : data_(data) {}
+  const uint8_t* get(uint64_t offset, size_t) override { return data_ + offset; }
+
+ private:
+  const uint8_t* data_;
+};
+
+// Reads headers in small windows: consecutive small members share one read, large members cost
+// one header-sized read each (their data is skipped, not read).
+class FileBytes final : public TarBytes {
+ public:
+  static constexpr size_t kWindow = 16384;
+  FileBytes(uint64_t size, const ReadAt& read) : size_(size), read_(read), window_(kWindow) {}
+  const uint8_t* get(uint64_t offset, size_t n) override {
+    if (offset >= start_ && n <= len_ && offset - start_ <= len_ - n) {
+      return window_.data() + (offset - start_);
+    }
+    if (n > kWindow) {
+      big_.resize(n);
+      read_(offset, n, big_.data());
+      return big_.data();
+    }
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(kWindow, size_ - offset));
+    len_ = 0;  // stays invalid if the read throws
+    read_(offset, len, window_.data());
+    start_ = offset;
+    len_ = len;
+    return window_.data();
+  }
+
+ private:
+  uint64_t size_;
+  const ReadAt& read_;
+  std::vector<uint8_t> window_, big_;
+  uint64_t start_ = 0;
+  size_t len_ = 0;
+};
+
+// GNU long names and pax records are read whole; real ones are a few hundred bytes.
+constexpr uint64_t kMaxExtendedHeader = uint64_t{1} << 20;
+// How often (in headers) a long scan polls its should_stop hook.
+constexpr size_t kStopPollInterval = 256;
+
 // Appends the members to *out; `*current` names the member being parsed when an error is thrown.
-void scan_tar(const uint8_t* data, size_t size, const std::string& shard,
-              std::vector<TarMember>* out, std::string* current) {
-  size_t pos = 0;
+void scan_tar(TarBytes& bytes, uint64_t size, const std::string& shard,
+              std::vector<TarMember>* out, std::string* current,
+              const std::function<bool()>& should_stop) {
+  uint64_t pos = 0;
   std::string long_name;
   bool have_long_name = false;
-  while (true) {
+  for (size_t n_headers = 0;; ++n_headers) {
     current->clear();
+    if (should_stop && n_headers % kStopPollInterval == kStopPollInterval - 1 && should_stop()) {
+      throw Cancelled("torchspeed.data: indexing of shard '" + shard + "' was cancelled");
+    }
     if (pos == size) break;  // tolerate a missing end-of-archive marker at a block boundary
     if (size - pos < kBlock) {
       fail(shard, "truncated header at offset " + std::to_string(pos) + " (file has " +
                       std::to_string(size) + " bytes)");
     }
-    const uint8_t* h = data + pos;
+    const uint8_t* h = bytes.get(pos, kBlock);
     if (is_zero_block(h)) break;  // end of archive
     uint64_t stored_sum = 0;
     if (!parse_numeric(h + 148, 8, &stored_sum)) {
@@ -121,27 +178,35 @@ void scan_tar(const uint8_t* data, size_t size, const std::string& shard,
     if (!parse_numeric(h + 124, 12, &msize))
       fail(shard, "bad size field for member '" + *current + "'");
     const char type = static_cast<char>(h[156]);
-    const size_t data_pos = pos + kBlock;
+    const uint64_t hash = tar_header_hash(h);  // h is invalid after the next bytes.get()
+    const uint64_t data_pos = pos + kBlock;
     if (msize > size - data_pos) {
       fail(shard, "member '" + *current + "' is truncated (needs " + std::to_string(msize) +
                       " bytes at offset " + std::to_string(data_pos) + ", file has " +
                       std::to_string(size) + ")");
     }
-    const uint8_t* body = data + data_pos;
-    if (type == 'L') {  // GNU long name for the next member
-      long_name = field_string(body, static_cast<size_t>(msize));
-      have_long_name = true;
-    } else if (type == 'x') {  // pax header for the next member
-      std::string p;
-      if (pax_path(body, static_cast<size_t>(msize), &p)) {
-        long_name = p;
+    if (type == 'L' || type == 'x') {
+      if (msize > kMaxExtendedHeader) {
+        fail(shard, "extended header of " + std::to_string(msize) + " bytes at offset " +
+                        std::to_string(pos) + " is larger than 1 MiB");
+      }
+      const uint8_t* body = bytes.get(data_pos, static_cast<size_t>(msize));
+      if (type == 'L') {  // GNU long name for the next member
+        long_name = field_string(body, static_cast<size_t>(msize));
         have_long_name = true;
+      } else {  // pax header for the next member
+        std::string p;
+        if (pax_path(body, static_cast<size_t>(msize), &p)) {
+          long_name = p;
+          have_long_name = true;
+        }
       }
     } else if (type == '0' || type == '\0' || type == '7') {
       TarMember m;
       m.name = *current;
       m.offset = data_pos;
       m.size = msize;
+      m.header_hash = hash;
       out->push_back(std::move(m));
       have_long_name = false;
     } else {
@@ -149,28 +214,90 @@ void scan_tar(const uint8_t* data, size_t size, const std::string& shard,
     }
     const uint64_t padded = (msize + kBlock - 1) / kBlock * kBlock;
     // Data that fits without its padding is accepted only as the last member.
-    pos = padded > size - data_pos ? size : data_pos + static_cast<size_t>(padded);
+    pos = padded > size - data_pos ? size : data_pos + padded;
   }
   current->clear();
 }
 
-}  // namespace
-
-std::vector<TarMember> list_tar_members(const uint8_t* data, size_t size, const std::string& shard,
-                                        std::string* stop_error, std::string* stop_name) {
+std::vector<TarMember> list_members(TarBytes& bytes, uint64_t size, const std::string& shard,
+                                    std::string* stop_error, std::string* stop_name,
+                                    const std::function<bool()>& should_stop) {
   std::vector<TarMember> out;
   std::string current;
   if (stop_error == nullptr) {
-    scan_tar(data, size, shard, &out, &current);
+    scan_tar(bytes, size, shard, &out, &current, should_stop);
     return out;
   }
   try {
-    scan_tar(data, size, shard, &out, &current);
+    scan_tar(bytes, size, shard, &out, &current, should_stop);
+  } catch (const Cancelled&) {
+    throw;  // not damage: the caller asked to stop
   } catch (const std::runtime_error& e) {
     *stop_error = e.what();
     if (stop_name != nullptr) *stop_name = current;
   }
   return out;
+}
+
+ShardIndex group_samples(const std::vector<TarMember>& members, uint64_t size,
+                         const std::string& shard, const std::string& stop_error,
+                         const std::string& stop_name) {
+  ShardIndex idx;
+  idx.shard_size = size;
+  for (const auto& m : members) {
+    std::string key, ext;
+    if (!split_webdataset_name(m.name, &key, &ext)) continue;
+    if (idx.samples.empty() || idx.samples.back().key != key) {
+      idx.samples.push_back(SampleEntry{key, {}, {}});
+    }
+    auto& s = idx.samples.back();
+    if (s.find(ext) != nullptr) {
+      fail(shard, "sample '" + key + "': duplicate file '" + m.name + "'");
+    }
+    s.fields.push_back(SampleField{ext, m.offset, m.size, m.header_hash});
+  }
+  if (!stop_error.empty()) {
+    std::string key, ext;
+    if (!split_webdataset_name(stop_name, &key, &ext)) {
+      key = stop_name.empty() ? "<after the last sample>" : stop_name;
+    }
+    if (idx.samples.empty() || idx.samples.back().key != key) {
+      idx.samples.push_back(SampleEntry{key, {}, {}});
+    }
+    idx.samples.back().error = stop_error;
+  }
+  return idx;
+}
+
+}  // namespace
+
+uint64_t tar_header_hash(const uint8_t* header) {
+  // FNV-1a over 64-bit words, then a final avalanche; not cryptographic, it only has to tell
+  // different headers apart.
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < kBlock; i += 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, header + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+  }
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
+std::vector<TarMember> list_tar_members(const uint8_t* data, size_t size, const std::string& shard,
+                                        std::string* stop_error, std::string* stop_name) {
+  MemoryBytes bytes(data);
+  return list_members(bytes, size, shard, stop_error, stop_name, {});
+}
+
+std::vector<TarMember> list_tar_members(uint64_t size, const ReadAt& read,
+                                        const std::string& shard, std::string* stop_error,
+                                        std::string* stop_name,
+                                        const std::function<bool()>& should_stop) {
+  FileBytes bytes(size, read);
+  return list_members(bytes, size, shard, stop_error, stop_name, should_stop);
 }
 
 bool split_webdataset_name(const std::string& name, std::string* key, std::string* ext) {
@@ -187,36 +314,23 @@ bool split_webdataset_name(const std::string& name, std::string* key, std::strin
 }
 
 ShardIndex ShardIndex::build(const uint8_t* data, size_t size, const std::string& shard) {
-  ShardIndex idx;
-  idx.shard_size = size;
   std::string stop_error, stop_name;
-  for (auto& m : list_tar_members(data, size, shard, &stop_error, &stop_name)) {
-    std::string key, ext;
-    if (!split_webdataset_name(m.name, &key, &ext)) continue;
-    if (idx.samples.empty() || idx.samples.back().key != key) {
-      idx.samples.push_back(SampleEntry{key, {}, {}});
-    }
-    auto& s = idx.samples.back();
-    if (s.find(ext) != nullptr) {
-      fail(shard, "sample '" + key + "': duplicate file '" + m.name + "'");
-    }
-    s.fields.push_back(SampleField{ext, m.offset, m.size});
-  }
-  if (!stop_error.empty()) {
-    std::string key, ext;
-    if (!split_webdataset_name(stop_name, &key, &ext)) {
-      key = stop_name.empty() ? "<after the last sample>" : stop_name;
-    }
-    if (idx.samples.empty() || idx.samples.back().key != key) {
-      idx.samples.push_back(SampleEntry{key, {}, {}});
-    }
-    idx.samples.back().error = stop_error;
-  }
-  return idx;
+  const auto members = list_tar_members(data, size, shard, &stop_error, &stop_name);
+  return group_samples(members, size, shard, stop_error, stop_name);
+}
+
+ShardIndex ShardIndex::build(uint64_t size, const ReadAt& read, const std::string& shard,
+                             const std::function<bool()>& should_stop) {
+  std::string stop_error, stop_name;
+  const auto members = list_tar_members(size, read, shard, &stop_error, &stop_name, should_stop);
+  return group_samples(members, size, shard, stop_error, stop_name);
 }
 
 namespace {
-constexpr char kMagic[8] = {'T', 'S', 'I', 'D', 'X', '0', '0', '2'};
+// "TSIDX" + a three-digit format version. Version 3 added the shard's modification time and a
+// hash of each member's tar header.
+constexpr char kMagic[8] = {'T', 'S', 'I', 'D', 'X', '0', '0', '3'};
+constexpr size_t kMagicPrefix = 5;
 
 template <typename T>
 void put(std::string* s, T v) {
@@ -253,6 +367,7 @@ struct Cursor {
 std::string ShardIndex::serialize() const {
   std::string s(kMagic, sizeof(kMagic));
   put<uint64_t>(&s, shard_size);
+  put<uint64_t>(&s, static_cast<uint64_t>(shard_mtime_ns));
   put<uint64_t>(&s, samples.size());
   for (const auto& e : samples) {
     put<uint32_t>(&s, static_cast<uint32_t>(e.key.size()));
@@ -265,6 +380,7 @@ std::string ShardIndex::serialize() const {
       s += f.ext;
       put<uint64_t>(&s, f.offset);
       put<uint64_t>(&s, f.size);
+      put<uint64_t>(&s, f.header_hash);
     }
   }
   return s;
@@ -272,12 +388,19 @@ std::string ShardIndex::serialize() const {
 
 ShardIndex ShardIndex::deserialize(const uint8_t* data, size_t size, const std::string& where) {
   Cursor c{data, size, 0, where};
-  if (size < sizeof(kMagic) || std::memcmp(data, kMagic, sizeof(kMagic)) != 0) {
+  if (size < sizeof(kMagic) || std::memcmp(data, kMagic, kMagicPrefix) != 0) {
     c.bad("not a torchspeed shard index (bad magic)");
+  }
+  if (std::memcmp(data, kMagic, sizeof(kMagic)) != 0) {
+    c.bad("index format version '" +
+          std::string(reinterpret_cast<const char*>(data) + kMagicPrefix, 3) +
+          "' is not supported (this build reads version '" +
+          std::string(kMagic + kMagicPrefix, 3) + "'); write the index again");
   }
   c.pos = sizeof(kMagic);
   ShardIndex idx;
   idx.shard_size = c.get<uint64_t>();
+  idx.shard_mtime_ns = static_cast<int64_t>(c.get<uint64_t>());
   const uint64_t count = c.get<uint64_t>();
   // Each sample needs at least 12 bytes, so a huge count cannot make us allocate.
   if (count > (size - c.pos) / 12) c.bad("sample count " + std::to_string(count) + " too large");
@@ -289,14 +412,17 @@ ShardIndex ShardIndex::deserialize(const uint8_t* data, size_t size, const std::
     const uint32_t error_len = c.get<uint32_t>();
     e.error = c.bytes(error_len);
     const uint32_t nf = c.get<uint32_t>();
-    if (nf > (size - c.pos) / 18) c.bad("field count " + std::to_string(nf) + " too large");
+    // Each field needs at least 26 bytes.
+    if (nf > (size - c.pos) / 26) c.bad("field count " + std::to_string(nf) + " too large");
     for (uint32_t j = 0; j < nf; ++j) {
       SampleField f;
       const uint16_t ext_len = c.get<uint16_t>();
       f.ext = c.bytes(ext_len);
       f.offset = c.get<uint64_t>();
       f.size = c.get<uint64_t>();
-      if (f.offset > idx.shard_size || f.size > idx.shard_size - f.offset) {
+      f.header_hash = c.get<uint64_t>();
+      // The member's tar header (512 bytes) precedes its data and is checked on every read.
+      if (f.offset < 512 || f.offset > idx.shard_size || f.size > idx.shard_size - f.offset) {
         c.bad("field '" + e.key + "." + f.ext + "' lies outside the shard");
       }
       if (e.find(f.ext) != nullptr) c.bad("duplicate field '" + e.key + "." + f.ext + "'");

@@ -3,8 +3,12 @@
 #include <torch/extension.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 
 #include "image.h"
@@ -88,6 +92,72 @@ auto core_call(F&& f) -> decltype(f()) {
 
 std::string as_bytes(const py::bytes& b) { return std::string(b); }
 
+// A should_stop hook for long GIL-free C++ work started from Python: every ~20 ms it takes the GIL
+// and runs PyErr_CheckSignals, so Ctrl-C (or a signal handler that raises) stops the work. The
+// pending Python exception stays set for the caller to raise (see run_cancellable).
+std::function<bool()> python_interrupt_check() {
+  auto last = std::make_shared<std::chrono::steady_clock::time_point>(
+      std::chrono::steady_clock::now());
+  return [last]() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - *last < std::chrono::milliseconds(20)) return false;
+    *last = now;
+    py::gil_scoped_acquire gil;
+    return PyErr_CheckSignals() != 0;
+  };
+}
+
+// Collects TORCH_WARN messages raised on this thread while the GIL is released, to re-issue them
+// as Python warnings once it is held again.
+struct CollectWarnings : c10::WarningHandler {
+  std::vector<std::string> messages;
+  void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
+};
+
+// Runs f (which may throw data::Cancelled after python_interrupt_check fired) without the GIL;
+// then raises the pending KeyboardInterrupt, or issues the collected warnings.
+template <typename F>
+auto run_cancellable(F&& f) -> decltype(f()) {
+  using R = decltype(f());
+  CollectWarnings warnings;
+  std::optional<R> result;
+  bool cancelled = false;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+    py::gil_scoped_release release;
+    // Cancelled is a std::runtime_error: catch it before core_call translates those.
+    result.emplace(core_call([&]() -> R {
+      try {
+        return f();
+      } catch (const data::Cancelled&) {
+        cancelled = true;
+        return R{};
+      }
+    }));
+  }
+  if (cancelled) {
+    if (PyErr_Occurred() != nullptr) throw py::error_already_set();
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
+  }
+  for (const auto& m : warnings.messages) {
+    if (PyErr_WarnEx(PyExc_UserWarning, m.c_str(), 1) != 0) throw py::error_already_set();
+  }
+  return std::move(*result);
+}
+
+// Indexes one shard file (pread, cancellable from Python).
+data::ShardIndex index_shard_file(const data::ReadOnlyFile& f,
+                                  const std::function<bool()>& should_stop) {
+  const data::ReadAt read = [&f](uint64_t offset, size_t n, uint8_t* out) {
+    f.read(offset, n, out, false);
+  };
+  data::ShardIndex idx = data::ShardIndex::build(f.size(), read, f.path(), should_stop);
+  f.check_unchanged();
+  idx.shard_mtime_ns = f.mtime_ns();
+  return idx;
+}
+
 py::dict stats_dict(const data::LoaderStats& s) {
   py::dict d;
   d["batches"] = s.batches;
@@ -164,8 +234,9 @@ void bind_data(py::module_& m) {
         o.urls = urls;
         o.fields = fields;
         o.image = image;
-        py::gil_scoped_release release;  // indexing reads every shard's headers
-        return data::webdataset_source(o);
+        o.should_stop = python_interrupt_check();
+        // Indexing reads every shard's headers: no GIL, but Ctrl-C stops it.
+        return run_cancellable([&] { return data::webdataset_source(o); });
       },
       py::arg("urls"), py::arg("fields"), py::arg("image"));
   d.def("npy_source", &data::npy_source, py::arg("name_and_path"));
@@ -311,17 +382,29 @@ void bind_data(py::module_& m) {
   d.def(
       "write_shard_index",
       [](const std::string& shard) {
-        py::gil_scoped_release release;
-        return core_call([&] {
-          data::MappedFile f(shard);
-          const data::ShardIndex idx = data::ShardIndex::build(f.data(), f.size(), shard);
+        const auto should_stop = python_interrupt_check();
+        return run_cancellable([&] {
+          data::ReadOnlyFile f(shard);
+          const data::ShardIndex idx = index_shard_file(f, should_stop);
           for (const auto& s : idx.samples) {
             if (!s.error.empty()) throw std::runtime_error(s.error);
           }
           const std::string bytes = idx.serialize();
-          std::ofstream out(shard + ".idx", std::ios::binary);
-          out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-          if (!out) throw std::runtime_error("torchspeed.data: cannot write '" + shard + ".idx'");
+          // Written next to the final name and renamed, so a reader never sees half an index.
+          const std::string final_path = shard + ".idx", tmp_path = final_path + ".tmp";
+          {
+            std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
+            out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+            out.close();
+            if (!out) {
+              std::remove(tmp_path.c_str());
+              throw std::runtime_error("torchspeed.data: cannot write '" + tmp_path + "'");
+            }
+          }
+          if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
+            std::remove(tmp_path.c_str());
+            throw std::runtime_error("torchspeed.data: cannot write '" + final_path + "'");
+          }
           return static_cast<int64_t>(idx.samples.size());
         });
       },
@@ -329,10 +412,10 @@ void bind_data(py::module_& m) {
   d.def(
       "shard_keys",
       [](const std::string& shard) {
-        py::gil_scoped_release release;
-        return core_call([&] {
-          data::MappedFile f(shard);
-          const data::ShardIndex idx = data::ShardIndex::build(f.data(), f.size(), shard);
+        const auto should_stop = python_interrupt_check();
+        return run_cancellable([&] {
+          data::ReadOnlyFile f(shard);
+          const data::ShardIndex idx = index_shard_file(f, should_stop);
           std::vector<std::pair<std::string, std::vector<std::string>>> out;
           for (const auto& s : idx.samples) {
             std::vector<std::string> exts;

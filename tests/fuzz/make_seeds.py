@@ -78,12 +78,13 @@ def tar_bytes(members):
 
 def index_bytes(shard_size, samples):
     """Mirror of ShardIndex::serialize (csrc/data/tar_reader.cpp)."""
-    out = b"TSIDX002" + struct.pack("<QQ", shard_size, len(samples))
+    out = b"TSIDX003" + struct.pack("<QQQ", shard_size, 0, len(samples))  # size, mtime_ns, count
     for key, fields in samples:
         out += struct.pack("<I", len(key)) + key.encode() + struct.pack("<I", 0)
         out += struct.pack("<I", len(fields))
         for ext, off, size in fields:
-            out += struct.pack("<H", len(ext)) + ext.encode() + struct.pack("<QQ", off, size)
+            # offset, size, header hash (any value: the fuzzer only round-trips the index)
+            out += struct.pack("<H", len(ext)) + ext.encode() + struct.pack("<QQQ", off, size, 0)
     return out
 
 

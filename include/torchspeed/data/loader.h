@@ -25,6 +25,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -46,16 +47,22 @@ class Source;
 // `fields` takes every recognised extension of the first sample. Kinds, by the last extension
 // part: jpg/jpeg/png -> image (per `image`), cls/cls2/id/index -> int64 scalar (decimal text),
 // txt/json -> string, npy -> tensor (same shape and dtype in every sample).
-// An index per shard is built by scanning tar headers (memory-mapped, only header pages are
-// touched) or read from "<shard>.idx" when present and matching.
+// An index per shard is built by scanning tar headers (read with pread; member data is skipped)
+// or read from "<shard>.idx" when its recorded shard size and modification time still match.
+// Shards are read, not mapped: one truncated or rewritten under the loader gives an error naming
+// it (raise) or a skipped sample (skip), never a crash.
 struct WebDatasetOptions {
   std::vector<std::string> urls;
   std::vector<std::string> fields;
   ImageTransformOptions image;
+  // Polled between shards and during long scans while webdataset_source() indexes; returning true
+  // stops it with a std::runtime_error saying it was cancelled (torchspeed::data::Cancelled).
+  // The Python binding polls Ctrl-C here.
+  std::function<bool()> should_stop;
 };
 
 TORCHSPEED_API std::shared_ptr<Source> webdataset_source(const WebDatasetOptions& options);
-// Memory-mapped .npy files, one per output field, all with the same first dimension.
+// .npy files (read with pread), one per output field, all with the same first dimension.
 TORCHSPEED_API std::shared_ptr<Source> npy_source(
     const std::vector<std::pair<std::string, std::string>>& name_and_path);
 // In-memory tensors (CPU, same first dimension); batches are gathered with index_select.

@@ -79,3 +79,26 @@ TEST_CASE("npy rejects what it cannot read, naming the file", "[data][npy]") {
                        4),
               "truncated"));
 }
+
+TEST_CASE("npy header from the first bytes of a larger file", "[data][npy]") {
+  const std::string a = make_npy("{'descr': '<i2', 'fortran_order': False, 'shape': (1000, 3), }",
+                                 6000);
+  const size_t head = a.size() - 6000;
+  const NpyArray p = parse_npy_header(bytes(a), head, a.size(), "big.npy");
+  CHECK(p.shape == std::vector<int64_t>{1000, 3});
+  CHECK(p.data_offset == head);
+  CHECK(p.data_bytes == 6000);
+  auto fails = [&](size_t available, uint64_t file_size, const std::string& part) {
+    try {
+      parse_npy_header(bytes(a), available, file_size, "big.npy");
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      return m.find("big.npy") != std::string::npos && m.find(part) != std::string::npos;
+    }
+    return false;
+  };
+  // The data is checked against the file size, not against the bytes at hand.
+  CHECK(fails(head, a.size() - 1, "truncated"));
+  // A header that does not fit in the bytes at hand.
+  CHECK(fails(20, a.size(), "too large"));
+}
