@@ -75,8 +75,8 @@ void ReadOnlyFile::read(uint64_t offset, size_t n, uint8_t* out, bool check_unch
     const ssize_t r = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0) {
       if (errno == EINTR) continue;
-      throw std::runtime_error("torchspeed.data: cannot read '" + path_ + "': " +
-                               std::strerror(errno));
+      throw std::runtime_error("torchspeed.data: cannot read '" + path_ +
+                               "': " + std::strerror(errno));
     }
     if (r == 0) {
       throw std::runtime_error("torchspeed.data: '" + path_ + "' is shorter than when it was " +

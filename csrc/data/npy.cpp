@@ -78,7 +78,8 @@ NpyArray parse_npy_header(const uint8_t* data, size_t available, uint64_t file_s
     bad(where, "unsupported format version " + std::to_string(major));
   }
   if (hlen > size - hstart) {
-    if (available < file_size) bad(where, "header of " + std::to_string(hlen) + " bytes is too large");
+    if (available < file_size)
+      bad(where, "header of " + std::to_string(hlen) + " bytes is too large");
     bad(where, "truncated header");
   }
   const std::string h(reinterpret_cast<const char*>(data + hstart), hlen);

@@ -107,8 +107,8 @@ const uint8_t* read_member(const ReadOnlyFile& file, const SampleField& f,
     throw std::runtime_error("the tar header at offset " + std::to_string(f.offset - kTarHeader) +
                              " of '" + file.path() +
                              "' is not the one indexed for this member: the shard was rewritten "
-                             "after it was indexed (delete '" + file.path() +
-                             ".idx' or write it again)");
+                             "after it was indexed (delete '" +
+                             file.path() + ".idx' or write it again)");
   }
   return buf->data() + kTarHeader;
 }
@@ -185,8 +185,8 @@ class WebDatasetSource final : public Source {
   // rewrites that kept both are caught here (the rest fail on read, never silently).
   static std::string index_mismatch(const ShardIndex& index, const ReadOnlyFile& file) {
     if (index.shard_size != file.size()) {
-      return "it was written for a " + std::to_string(index.shard_size) + "-byte shard, the shard " +
-             "has " + std::to_string(file.size()) + " bytes";
+      return "it was written for a " + std::to_string(index.shard_size) +
+             "-byte shard, the shard " + "has " + std::to_string(file.size()) + " bytes";
     }
     if (index.shard_mtime_ns != file.mtime_ns()) {
       return "the shard was modified after the index was written";
@@ -199,9 +199,8 @@ class WebDatasetSource final : public Source {
     uint8_t header[kTarHeader];
     for (size_t k = 0; k < std::min(kSpotChecks, fields.size()); ++k) {
       // Evenly spread, always including the first and the last member.
-      const size_t i = kSpotChecks >= fields.size()
-                           ? k
-                           : k * (fields.size() - 1) / (kSpotChecks - 1);
+      const size_t i =
+          kSpotChecks >= fields.size() ? k : k * (fields.size() - 1) / (kSpotChecks - 1);
       const SampleField& f = *fields[i];
       file.read(f.offset - kTarHeader, kTarHeader, header, false);
       if (tar_header_hash(header) != f.header_hash) {
@@ -438,8 +437,8 @@ class NpySource final : public Source {
       const Array& a = arrays_[f];
       // Straight into the slot; a file truncated or rewritten under the loader throws here.
       try {
-        a.file->read(a.header.data_offset + static_cast<uint64_t>(index) * a.row_bytes,
-                     a.row_bytes, row_ptr((*slot.tensors)[f], row, a.row_bytes));
+        a.file->read(a.header.data_offset + static_cast<uint64_t>(index) * a.row_bytes, a.row_bytes,
+                     row_ptr((*slot.tensors)[f], row, a.row_bytes));
       } catch (const std::exception& e) {
         throw std::runtime_error("sample " + std::to_string(index) + ": " + e.what());
       }

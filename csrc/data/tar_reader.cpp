@@ -139,9 +139,8 @@ constexpr uint64_t kMaxExtendedHeader = uint64_t{1} << 20;
 constexpr size_t kStopPollInterval = 256;
 
 // Appends the members to *out; `*current` names the member being parsed when an error is thrown.
-void scan_tar(TarBytes& bytes, uint64_t size, const std::string& shard,
-              std::vector<TarMember>* out, std::string* current,
-              const std::function<bool()>& should_stop) {
+void scan_tar(TarBytes& bytes, uint64_t size, const std::string& shard, std::vector<TarMember>* out,
+              std::string* current, const std::function<bool()>& should_stop) {
   uint64_t pos = 0;
   std::string long_name;
   bool have_long_name = false;
@@ -292,9 +291,8 @@ std::vector<TarMember> list_tar_members(const uint8_t* data, size_t size, const 
   return list_members(bytes, size, shard, stop_error, stop_name, {});
 }
 
-std::vector<TarMember> list_tar_members(uint64_t size, const ReadAt& read,
-                                        const std::string& shard, std::string* stop_error,
-                                        std::string* stop_name,
+std::vector<TarMember> list_tar_members(uint64_t size, const ReadAt& read, const std::string& shard,
+                                        std::string* stop_error, std::string* stop_name,
                                         const std::function<bool()>& should_stop) {
   FileBytes bytes(size, read);
   return list_members(bytes, size, shard, stop_error, stop_name, should_stop);
@@ -394,8 +392,8 @@ ShardIndex ShardIndex::deserialize(const uint8_t* data, size_t size, const std::
   if (std::memcmp(data, kMagic, sizeof(kMagic)) != 0) {
     c.bad("index format version '" +
           std::string(reinterpret_cast<const char*>(data) + kMagicPrefix, 3) +
-          "' is not supported (this build reads version '" +
-          std::string(kMagic + kMagicPrefix, 3) + "'); write the index again");
+          "' is not supported (this build reads version '" + std::string(kMagic + kMagicPrefix, 3) +
+          "'); write the index again");
   }
   c.pos = sizeof(kMagic);
   ShardIndex idx;

@@ -96,8 +96,8 @@ std::string as_bytes(const py::bytes& b) { return std::string(b); }
 // and runs PyErr_CheckSignals, so Ctrl-C (or a signal handler that raises) stops the work. The
 // pending Python exception stays set for the caller to raise (see run_cancellable).
 std::function<bool()> python_interrupt_check() {
-  auto last = std::make_shared<std::chrono::steady_clock::time_point>(
-      std::chrono::steady_clock::now());
+  auto last =
+      std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
   return [last]() {
     const auto now = std::chrono::steady_clock::now();
     if (now - *last < std::chrono::milliseconds(20)) return false;

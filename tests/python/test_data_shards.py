@@ -32,7 +32,8 @@ def write_tar(path, members):
 def text_samples(n, prefix="k", size=lambda i: 100 + 37 * i):
     """n samples '<prefix><i>.txt' with distinct contents of distinct sizes."""
     return [
-        (f"{prefix}{i:04d}.txt", (f"{prefix}{i:04d}:" * 10_000).encode()[: size(i)]) for i in range(n)
+        (f"{prefix}{i:04d}.txt", (f"{prefix}{i:04d}:" * 10_000).encode()[: size(i)])
+        for i in range(n)
     ]
 
 

@@ -81,8 +81,8 @@ TEST_CASE("npy rejects what it cannot read, naming the file", "[data][npy]") {
 }
 
 TEST_CASE("npy header from the first bytes of a larger file", "[data][npy]") {
-  const std::string a = make_npy("{'descr': '<i2', 'fortran_order': False, 'shape': (1000, 3), }",
-                                 6000);
+  const std::string a =
+      make_npy("{'descr': '<i2', 'fortran_order': False, 'shape': (1000, 3), }", 6000);
   const size_t head = a.size() - 6000;
   const NpyArray p = parse_npy_header(bytes(a), head, a.size(), "big.npy");
   CHECK(p.shape == std::vector<int64_t>{1000, 3});
