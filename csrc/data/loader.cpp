@@ -14,11 +14,14 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <iterator>
+#include <limits>
 #include <mutex>
 #include <thread>
 
 #include "sampling.h"
 #include "sources.h"
+#include "utf8.h"
 
 namespace torchspeed {
 namespace data {
@@ -52,7 +55,9 @@ struct InFlight {
   std::vector<std::string> errors;  // per row; empty = ok
   bool ready = false;
   int64_t valid_rows = 0;
-  std::string error;  // on_error="raise": the first failing row's message
+  std::string error;       // on_error="raise": the first failing row's message
+  int64_t skipped = 0;     // on_error="skip": rows dropped (counted when the batch is delivered)
+  std::string last_error;  // on_error="skip": the last dropped row's message
 };
 
 }  // namespace
@@ -83,10 +88,10 @@ struct Loader::Impl {
   std::deque<std::unique_ptr<InFlight>> inflight;
 
   int64_t epoch = 0;
-  bool epoch_pinned = false;  // set_epoch/load_state_dict chose the next position
+  std::optional<int64_t> pending_epoch;  // set_epoch() during an epoch: applies to the next one
   bool in_epoch = false;
   int64_t resume_batch = 0;
-  std::vector<int64_t> user_indices;
+  std::optional<std::vector<int64_t>> user_indices;  // a sampler's order (may be empty)
   std::vector<int64_t> order;
   int64_t nbatches = 0;
   int64_t next_schedule = 0;
@@ -94,7 +99,9 @@ struct Loader::Impl {
 
   // ---- stats
   AtomicSeconds read_s, decode_s, transform_s, collate_s, copy_s, wait_s;
-  std::atomic<int64_t> batches{0}, samples{0}, skipped{0}, ready_sum{0}, ready_count{0};
+  std::atomic<int64_t> batches{0}, samples{0}, ready_sum{0}, ready_count{0};
+  // Skipped samples of delivered batches (guarded by mu): exact whatever the workers are doing.
+  int64_t skipped = 0;
   std::atomic<int64_t> epoch_samples{0};  // for samples_per_s of the current epoch
   Clock::time_point epoch_start = Clock::now();
   std::string last_error;  // guarded by mu
@@ -201,14 +208,15 @@ struct Loader::Impl {
           try {
             source->fill_batch(b->indices, view, ctx);
           } catch (const std::exception& e) {
-            for (int64_t r = r0; r < r1; ++r) b->errors[static_cast<size_t>(r)] = e.what();
+            const std::string msg = escape_invalid_utf8(e.what());
+            for (int64_t r = r0; r < r1; ++r) b->errors[static_cast<size_t>(r)] = msg;
           }
         } else {
           for (int64_t r = r0; r < r1; ++r) {
             try {
               source->fill(b->indices[static_cast<size_t>(r)], r, view, ctx);
             } catch (const std::exception& e) {
-              b->errors[static_cast<size_t>(r)] = e.what();
+              b->errors[static_cast<size_t>(r)] = escape_invalid_utf8(e.what());
             }
           }
         }
@@ -281,11 +289,11 @@ struct Loader::Impl {
       ++dst;
     }
     collate_s.add(since(t0));
-    skipped += bad;
-    std::lock_guard<std::mutex> g(mu);
+    b->skipped = bad;
     for (const auto& e : b->errors) {
-      if (!e.empty()) last_error = e;
+      if (!e.empty()) b->last_error = e;
     }
+    std::lock_guard<std::mutex> g(mu);
     b->indices = std::move(kept);
     b->valid_rows = dst;
   }
@@ -310,20 +318,27 @@ struct Loader::Impl {
     std::unique_lock<std::mutex> lk(mu);
     if (!fatal.empty()) TORCH_CHECK(false, fatal);
     drain_locked(lk);
-    if (in_epoch && !epoch_pinned) {  // an abandoned epoch: move on like a new torch iterator
-      ++epoch;
+    if (in_epoch) {  // an abandoned epoch: move on like a new torch iterator
+      epoch = pending_epoch.value_or(epoch + 1);
       resume_batch = 0;
     }
-    epoch_pinned = false;
+    pending_epoch.reset();
     recycle_locked(/*all=*/true);
-    if (!user_indices.empty()) {
-      order = user_indices;
+    if (user_indices) {
+      order = *user_indices;
     } else {
       order = epoch_indices(source->size(), opt.shuffle, opt.seed, static_cast<uint64_t>(epoch),
                             opt.rank, opt.world_size, opt.drop_uneven);
     }
     nbatches = batch_count(static_cast<int64_t>(order.size()), opt.batch_size, opt.drop_last);
-    next_schedule = next_deliver = std::min(resume_batch, nbatches);
+    if (resume_batch > nbatches) {  // load_state_dict checked the order it knew; a sampler's
+      const int64_t wanted = resume_batch;  // order is known only now
+      resume_batch = 0;
+      TORCH_CHECK_VALUE(false, "torchspeed.data.Loader: the loaded state resumes after batch ",
+                        wanted, " but this epoch has ", nbatches,
+                        " batches (the sampler's length changed since the state was saved?)");
+    }
+    next_schedule = next_deliver = resume_batch;
     resume_batch = 0;
     in_epoch = true;
     epoch_start = Clock::now();
@@ -355,7 +370,8 @@ struct Loader::Impl {
       if (next_deliver >= nbatches) {
         in_epoch = false;
         paused = true;
-        ++epoch;  // the next start_epoch runs the following epoch
+        epoch = pending_epoch.value_or(epoch + 1);  // what the next start_epoch runs
+        pending_epoch.reset();
         *end = true;
         return false;
       }
@@ -376,6 +392,8 @@ struct Loader::Impl {
     std::unique_ptr<InFlight> b = std::move(inflight.front());
     inflight.pop_front();
     ++next_deliver;
+    skipped += b->skipped;
+    if (!b->last_error.empty()) last_error = std::move(b->last_error);
     work_cv.notify_all();
     if (!b->error.empty()) {
       free_slots.push_back(b->slot);
@@ -519,23 +537,51 @@ bool Loader::next_for(double wait_s, Batch* out, bool* end) {
   return impl_->next_for(wait_s, out, end);
 }
 
+namespace {
+
+constexpr const char* kStateKeys[] = {"epoch",      "batches_consumed", "seed", "dataset_size",
+                                      "batch_size", "world_size",       "rank", "shuffle",
+                                      "drop_last",  "skipped"};
+
+// The one epoch rule, for set_epoch and load_state_dict: 0 <= epoch < INT64_MAX (the next epoch
+// must exist).
+void check_epoch(int64_t epoch, const char* op) {
+  TORCH_CHECK_VALUE(epoch >= 0 && epoch < std::numeric_limits<int64_t>::max(), "torchspeed.data.",
+                    op, ": epoch must be in [0, 2^63 - 1), got ", epoch);
+}
+
+int64_t batches_for(int64_t samples, const LoaderOptions& o) {
+  return batch_count(samples, o.batch_size, o.drop_last);
+}
+
+}  // namespace
+
 void Loader::set_epoch(int64_t epoch) {
-  std::unique_lock<std::mutex> lk(impl_->mu);
-  impl_->drain_locked(lk);
-  impl_->epoch = epoch;
-  impl_->epoch_pinned = true;
-  impl_->in_epoch = false;
-  impl_->resume_batch = 0;
+  check_epoch(epoch, "Loader.set_epoch");
+  std::lock_guard<std::mutex> g(impl_->mu);
+  // During an epoch (torch: inside the batch loop) it sets the next epoch and the current one
+  // runs to its end; between epochs it sets the coming one.
+  if (impl_->in_epoch) {
+    impl_->pending_epoch = epoch;
+  } else {
+    impl_->epoch = epoch;
+    impl_->resume_batch = 0;
+  }
 }
 
 void Loader::set_indices(std::vector<int64_t> indices) {
   const int64_t n = impl_->source->size();
   for (auto i : indices) {
-    TORCH_CHECK(i >= 0 && i < n, "torchspeed.data.Loader: sampler index must be in [0, ", n,
-                "), got ", i);
+    TORCH_CHECK_VALUE(i >= 0 && i < n, "torchspeed.data.Loader: sampler index must be in [0, ", n,
+                      "), got ", i);
   }
   std::lock_guard<std::mutex> g(impl_->mu);
   impl_->user_indices = std::move(indices);
+}
+
+void Loader::clear_indices() {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  impl_->user_indices.reset();
 }
 
 int64_t Loader::epoch() const {
@@ -545,21 +591,15 @@ int64_t Loader::epoch() const {
 
 int64_t Loader::num_batches() const {
   const auto& o = impl_->opt;
-  int64_t count;
   {
     std::lock_guard<std::mutex> g(impl_->mu);
-    if (!impl_->user_indices.empty()) {
-      count = static_cast<int64_t>(impl_->user_indices.size());
-      return batch_count(count, o.batch_size, o.drop_last);
+    if (impl_->user_indices) {
+      return batches_for(static_cast<int64_t>(impl_->user_indices->size()), o);
     }
   }
   const int64_t n = impl_->source->size();
-  if (o.world_size == 1) {
-    count = n;
-  } else {
-    count = o.drop_uneven ? n / o.world_size : (n + o.world_size - 1) / o.world_size;
-  }
-  return batch_count(count, o.batch_size, o.drop_last);
+  if (o.world_size == 1) return batches_for(n, o);
+  return batches_for(o.drop_uneven ? n / o.world_size : (n + o.world_size - 1) / o.world_size, o);
 }
 
 int64_t Loader::dataset_size() const { return impl_->source->size(); }
@@ -575,29 +615,60 @@ std::map<std::string, int64_t> Loader::state_dict() const {
           {"batch_size", d.opt.batch_size},
           {"world_size", d.opt.world_size},
           {"rank", d.opt.rank},
-          {"skipped", d.skipped.load()}};
+          {"shuffle", d.opt.shuffle ? 1 : 0},
+          {"drop_last", d.opt.drop_last ? 1 : 0},
+          {"skipped", d.skipped}};
 }
 
 void Loader::load_state_dict(const std::map<std::string, int64_t>& state) {
+  // Validates every field before changing anything (a failed load leaves the loader as it was).
+  constexpr const char* op = "torchspeed.data.Loader.load_state_dict";
+  for (const auto& [k, v] : state) {
+    (void)v;
+    TORCH_CHECK_VALUE(std::find_if(std::begin(kStateKeys), std::end(kStateKeys),
+                                   [&](const char* e) { return k == e; }) != std::end(kStateKeys),
+                      op, ": unexpected key '", escape_invalid_utf8(k),
+                      "' (a loader state has epoch, batches_consumed, seed, dataset_size, ",
+                      "batch_size, world_size, rank, shuffle, drop_last, skipped)");
+  }
   auto get = [&](const char* k) {
     auto it = state.find(k);
-    TORCH_CHECK(it != state.end(), "torchspeed.data.Loader.load_state_dict: missing key '", k, "'");
+    TORCH_CHECK_VALUE(it != state.end(), op, ": missing key '", k, "'");
     return it->second;
   };
   const Impl& d = *impl_;
-  TORCH_CHECK(get("seed") == static_cast<int64_t>(d.opt.seed) &&
-                  get("dataset_size") == d.source->size() &&
-                  get("batch_size") == d.opt.batch_size && get("world_size") == d.opt.world_size,
-              "torchspeed.data.Loader.load_state_dict: the state was saved with seed ", get("seed"),
-              ", dataset_size ", get("dataset_size"), ", batch_size ", get("batch_size"),
-              ", world_size ", get("world_size"), "; this loader has ", d.opt.seed, ", ",
-              d.source->size(), ", ", d.opt.batch_size, ", ", d.opt.world_size);
+  const auto& o = d.opt;
+  // What shapes the sample order must match: another value gives other batches.
+  const std::pair<const char*, int64_t> must_match[] = {
+      {"seed", static_cast<int64_t>(o.seed)}, {"dataset_size", d.source->size()},
+      {"batch_size", o.batch_size},           {"world_size", o.world_size},
+      {"shuffle", o.shuffle ? 1 : 0},         {"drop_last", o.drop_last ? 1 : 0}};
+  for (const auto& [k, mine] : must_match) {
+    TORCH_CHECK_VALUE(get(k) == mine, op, ": the state was saved with ", k, "=", get(k),
+                      ", this loader has ", k, "=", mine,
+                      " (resuming needs the same sample order: same seed, dataset, batch_size, ",
+                      "world_size, shuffle and drop_last)");
+  }
+  const int64_t rank = get("rank");  // may differ: one rank's state restores every rank
+  TORCH_CHECK_VALUE(rank >= 0 && rank < o.world_size, op, ": rank must be in [0, ", o.world_size,
+                    "), got ", rank);
+  const int64_t epoch = get("epoch");
+  check_epoch(epoch, "Loader.load_state_dict");
+  const int64_t consumed = get("batches_consumed");
+  const int64_t per_epoch = num_batches();
+  TORCH_CHECK_VALUE(consumed >= 0 && consumed <= per_epoch, op,
+                    ": batches_consumed must be in [0, ", per_epoch,
+                    "] (the batches of one epoch), got ", consumed);
+  const int64_t skipped = get("skipped");
+  TORCH_CHECK_VALUE(skipped >= 0, op, ": skipped must be >= 0, got ", skipped);
+
   std::unique_lock<std::mutex> lk(impl_->mu);
   impl_->drain_locked(lk);
-  impl_->epoch = get("epoch");
-  impl_->resume_batch = get("batches_consumed");
-  impl_->epoch_pinned = true;
+  impl_->epoch = epoch;
+  impl_->pending_epoch.reset();
+  impl_->resume_batch = consumed;
   impl_->in_epoch = false;
+  impl_->skipped = skipped;
 }
 
 LoaderStats Loader::stats() const {
@@ -605,7 +676,6 @@ LoaderStats Loader::stats() const {
   LoaderStats s;
   s.batches = d.batches.load();
   s.samples = d.samples.load();
-  s.skipped = d.skipped.load();
   s.read_s = d.read_s.get();
   s.decode_s = d.decode_s.get();
   s.transform_s = d.transform_s.get();
@@ -619,6 +689,7 @@ LoaderStats Loader::stats() const {
   s.samples_per_s = s.elapsed_s > 0 ? d.epoch_samples.load() / s.elapsed_s : 0.0;
   for (const auto& b : d.inflight) s.ready_batches += b->ready;
   s.slots = static_cast<int64_t>(d.slots.size());
+  s.skipped = d.skipped;
   s.last_error = d.last_error;
   return s;
 }

@@ -15,6 +15,7 @@
 #include "mapped_file.h"
 #include "npy.h"
 #include "tar_reader.h"
+#include "utf8.h"
 
 namespace torchspeed {
 namespace data {
@@ -367,10 +368,16 @@ class WebDatasetSource final : public Source {
         if (ctx.times) ctx.times->collate += since(t0);
         break;
       }
-      case Kind::kString:
-        (*slot.strings)[f][static_cast<size_t>(row)].assign(reinterpret_cast<const char*>(data),
-                                                            size);
+      case Kind::kString: {
+        const std::string_view text(reinterpret_cast<const char*>(data), size);
+        const size_t bad = first_invalid_utf8(text);
+        if (bad != text.size()) {
+          throw std::runtime_error("." + ext + " is not valid UTF-8 (byte " + std::to_string(bad) +
+                                   " of " + std::to_string(size) + ")");
+        }
+        (*slot.strings)[f][static_cast<size_t>(row)].assign(text);
         break;
+      }
       case Kind::kNpy: {
         auto t0 = Clock::now();
         const NpyArray a = parse_npy(data, size, ext);

@@ -17,6 +17,7 @@
 #include "sources.h"
 #include "tar_reader.h"
 #include "torchspeed/data/loader.h"
+#include "utf8.h"
 
 namespace py = pybind11;
 
@@ -84,13 +85,26 @@ auto core_call(F&& f) -> decltype(f()) {
   } catch (const c10::Error&) {
     throw;
   } catch (const std::invalid_argument& e) {
-    throw py::value_error(e.what());
+    throw py::value_error(data::escape_invalid_utf8(e.what()));
   } catch (const std::runtime_error& e) {
-    throw std::runtime_error(e.what());
+    throw std::runtime_error(data::escape_invalid_utf8(e.what()));
   }
 }
 
 std::string as_bytes(const py::bytes& b) { return std::string(b); }
+
+// Strings of a batch as Python str: text fields were checked as UTF-8 per sample; sample keys come
+// from tar member names (any bytes), decoded like os.fsdecode (surrogateescape) so none can fail.
+py::list str_list(const std::vector<std::string>& v) {
+  py::list out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    PyObject* o =
+        PyUnicode_DecodeUTF8(v[i].data(), static_cast<Py_ssize_t>(v[i].size()), "surrogateescape");
+    if (o == nullptr) throw py::error_already_set();
+    out[i] = py::reinterpret_steal<py::object>(o);
+  }
+  return out;
+}
 
 // A should_stop hook for long GIL-free C++ work started from Python: every ~20 ms it takes the GIL
 // and runs PyErr_CheckSignals, so Ctrl-C (or a signal handler that raises) stops the work. The
@@ -288,11 +302,12 @@ void bind_data(py::module_& m) {
              }
              py::dict out;
              for (auto& [k, t] : b.tensors) out[py::str(k)] = py::cast(t);
-             for (auto& [k, v] : b.strings) out[py::str(k)] = py::cast(v);
+             for (auto& [k, v] : b.strings) out[py::str(k)] = str_list(v);
              return py::make_tuple(out, b.index, b.sample_indices);
            })
       .def("set_epoch", &data::Loader::set_epoch, py::call_guard<py::gil_scoped_release>())
       .def("set_indices", &data::Loader::set_indices)
+      .def("clear_indices", &data::Loader::clear_indices)
       .def_property_readonly("epoch", &data::Loader::epoch)
       .def("num_batches", &data::Loader::num_batches)
       .def("dataset_size", &data::Loader::dataset_size)

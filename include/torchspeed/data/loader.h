@@ -105,7 +105,8 @@ class TORCHSPEED_API Loader {
   Loader& operator=(const Loader&) = delete;
 
   // Starts an epoch (threads start on first use). A new call abandons an unfinished epoch and
-  // moves to the next one, unless set_epoch/load_state_dict chose the position since.
+  // moves to the next one (or to the one set_epoch named meanwhile); after load_state_dict it
+  // starts at the loaded position.
   void start_epoch();
   // The next batch in order, or nullopt at the end of the epoch. Data errors (corrupt image,
   // missing field, ...) throw std::runtime_error naming the shard and the sample key.
@@ -114,14 +115,21 @@ class TORCHSPEED_API Loader {
   // arrived yet. `*end` is set at the end of the epoch. Used by bindings to stay interruptible.
   bool next_for(double wait_s, Batch* out, bool* end);
 
+  // The epoch whose order and draws the next start_epoch uses (>= 0). Called during an epoch, the
+  // current one still runs to its end (torch: set_epoch inside the batch loop).
   void set_epoch(int64_t epoch);
-  // An explicit sample order for the coming epochs (a user sampler); empty restores the built-in.
+  // An explicit sample order for the coming epochs (a user sampler); may be empty (no batches).
+  // Indices must be in [0, dataset_size()).
   void set_indices(std::vector<int64_t> indices);
+  // Back to the built-in order (shuffle, rank sharding).
+  void clear_indices();
   int64_t epoch() const;
   int64_t num_batches() const;  // batches per epoch for this rank
   int64_t dataset_size() const;
 
-  // Small resume state: epoch, batches consumed, seed, sizes (validated on load).
+  // Small resume state: epoch, batches consumed, skipped count, and what fixes the order (seed,
+  // sizes, shuffle, drop_last). load_state_dict validates every field (ValueError in Python)
+  // before changing anything.
   std::map<std::string, int64_t> state_dict() const;
   void load_state_dict(const std::map<std::string, int64_t>& state);
 

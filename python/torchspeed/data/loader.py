@@ -16,6 +16,7 @@ Design (why two paths):
 from __future__ import annotations
 
 import glob
+import operator
 import os
 import re
 import warnings
@@ -313,6 +314,7 @@ class DataLoader:
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
         self._epoch_sampler_seen = None
+        self._iterator_id = 0  # the newest native iterator; older ones raise (one stream)
         if not self.native:
             kwargs = dict(
                 batch_size=batch_size,
@@ -400,7 +402,7 @@ class DataLoader:
         if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
         if self.native:
-            self._loader.set_epoch(int(epoch))
+            self._loader.set_epoch(_as_int(epoch, "set_epoch", "epoch"))
         elif hasattr(getattr(self._torch_loader, "sampler", None), "set_epoch"):
             self._torch_loader.sampler.set_epoch(epoch)
 
@@ -410,13 +412,27 @@ class DataLoader:
         return self._loader.epoch
 
     def state_dict(self) -> dict:
-        """Resume state (a few integers): epoch and batches consumed, plus sizes to validate."""
+        """Resume state (a few integers): epoch, batches consumed and samples skipped, plus what
+        fixes the sample order (seed, sizes, shuffle, drop_last), checked on load."""
         self._require_native("state_dict")
         return dict(self._loader.state_dict())
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Restores :meth:`state_dict`; the next iteration resumes after the consumed batches.
+
+        Every field is validated (in C++) before anything changes: ValueError for a missing or
+        unexpected key, a value out of range, or a state saved with another order; TypeError
+        for a value that is not an integer.
+        """
         self._require_native("load_state_dict")
-        self._loader.load_state_dict({k: int(v) for k, v in state.items()})
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                "torchspeed.data.DataLoader.load_state_dict: state must be a mapping (from "
+                f"state_dict()), got {type(state).__name__}"
+            )
+        self._loader.load_state_dict(
+            {str(k): _as_int(v, "load_state_dict", str(k)) for k, v in state.items()}
+        )
 
     def stats(self) -> dict:
         """Throughput, per-stage seconds (summed over threads), queue occupancy, consumer wait."""
@@ -465,13 +481,47 @@ class _Once:
         return self.n
 
 
+def _as_int(value: Any, op: str, name: str) -> int:
+    """An integer argument for the C++ loader (int, numpy or 0-dim tensor integer; not float)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"torchspeed.data.DataLoader.{op}: {name} must be an integer, got "
+            f"{type(value).__name__} ({value!r:.60})"
+        ) from None
+    if not -(2**63) <= v < 2**63:
+        raise ValueError(f"torchspeed.data.DataLoader.{op}: {name} must fit in int64, got {v}")
+    return v
+
+
+def _sampler_indices(sampler: Iterable) -> list:
+    out = []
+    for i in sampler:
+        try:
+            out.append(operator.index(i))
+        except TypeError:
+            raise TypeError(
+                "torchspeed.data.DataLoader: sampler must yield integer indices, got "
+                f"{type(i).__name__} ({i!r:.60}); a sampler of batches goes in batch_sampler=, "
+                "which native sources do not take"
+            ) from None
+    return out
+
+
 class _NativeIterator:
+    """One pass over a native loader. A native loader runs one stream of batches at a time (like
+    torch's loader with persistent_workers=True): iter() starts a new epoch and the previous
+    iterator, if unfinished, is abandoned and raises if used again."""
+
     def __init__(self, dl: DataLoader):
         self.dl = dl
         self.done = False
         if dl.sampler is not None:
-            dl._loader.set_indices([int(i) for i in dl.sampler])
+            dl._loader.set_indices(_sampler_indices(dl.sampler))
         dl._loader.start_epoch()
+        dl._iterator_id += 1
+        self.id = dl._iterator_id
         self.skipped_at_start = dl._loader.stats()["skipped"]
 
     def __iter__(self) -> _NativeIterator:
@@ -483,6 +533,12 @@ class _NativeIterator:
     def __next__(self) -> Any:
         if self.done:
             raise StopIteration
+        if self.id != self.dl._iterator_id:
+            raise RuntimeError(
+                "torchspeed.data.DataLoader: this iterator was superseded by a newer iter() over "
+                "the same loader, which started a new epoch (a native loader runs one stream at a "
+                "time); use one iterator per loader, or a second DataLoader for a second stream"
+            )
         r = self.dl._loader.next()
         if r is None:
             self._finish()
@@ -495,7 +551,8 @@ class _NativeIterator:
     def __del__(self) -> None:
         # Dropping an unfinished iterator stops the threads (unless persistent_workers).
         try:
-            if not self.done and not self.dl.persistent_workers:
+            superseded = self.id != self.dl._iterator_id
+            if not self.done and not superseded and not self.dl.persistent_workers:
                 self.done = True
                 self.dl._loader.shutdown()
         except Exception:  # noqa: BLE001 (interpreter shutdown)

@@ -307,6 +307,85 @@ TEST_CASE("loader: tensor source gathers batches like index_select; kept batches
   CHECK(st.slots == 3 * 2 + 2);
 }
 
+TEST_CASE("loader: load_state_dict validates every field before changing anything",
+          "[data][loader]") {
+  const auto x = torch::arange(23, torch::kLong);
+  tsd::LoaderOptions o;
+  o.batch_size = 4;
+  o.shuffle = true;
+  o.seed = 3;
+  o.num_workers = 2;
+  tsd::Loader loader(tsd::tensor_source({{"x", x}}), o);
+  loader.start_epoch();
+  REQUIRE(loader.next().has_value());
+  const auto good = loader.state_dict();
+  CHECK(good.at("batches_consumed") == 1);
+  const std::pair<const char*, int64_t> bad[] = {{"batches_consumed", -1},
+                                                 {"batches_consumed", 7},
+                                                 {"batches_consumed", INT64_MAX},
+                                                 {"epoch", -1},
+                                                 {"epoch", INT64_MAX},
+                                                 {"skipped", -1},
+                                                 {"shuffle", 0},
+                                                 {"drop_last", 1},
+                                                 {"seed", 4},
+                                                 {"rank", 1},
+                                                 {"dataset_size", 24},
+                                                 {"world_size", 2}};
+  for (const auto& [key, value] : bad) {
+    auto state = good;
+    state[key] = value;
+    const std::string err = error_of([&] { loader.load_state_dict(state); });
+    INFO(key << "=" << value << ": " << err);
+    CHECK(err.find("torchspeed.data.Loader.load_state_dict") != std::string::npos);
+    CHECK(err.find(key) != std::string::npos);
+    CHECK(loader.state_dict() == good);  // nothing changed
+  }
+  auto extra = good;
+  extra["epochs"] = 0;
+  CHECK(error_of([&] { loader.load_state_dict(extra); }).find("unexpected key") !=
+        std::string::npos);
+  auto missing = good;
+  missing.erase("skipped");
+  CHECK(error_of([&] { loader.load_state_dict(missing); }).find("missing key 'skipped'") !=
+        std::string::npos);
+  // The epoch still runs where it was.
+  int rest = 0;
+  while (loader.next()) ++rest;
+  CHECK(rest == 5);
+}
+
+TEST_CASE("loader: set_epoch during an epoch applies to the next one; empty order is empty",
+          "[data][loader]") {
+  const auto x = torch::arange(10, torch::kLong);
+  tsd::LoaderOptions o;
+  o.batch_size = 3;
+  o.shuffle = true;
+  o.seed = 1;
+  tsd::Loader loader(tsd::tensor_source({{"x", x}}), o);
+  tsd::Loader ref(tsd::tensor_source({{"x", x}}), o);
+  const auto epoch0 = run_epoch(ref);
+  ref.set_epoch(5);
+  const auto epoch5 = run_epoch(ref);
+  loader.start_epoch();
+  std::vector<tsd::Batch> got;
+  while (auto b = loader.next()) {
+    loader.set_epoch(5);
+    got.push_back(*b);
+    REQUIRE(got.size() <= 4);
+  }
+  CHECK(same_batches(got, epoch0));
+  CHECK(loader.epoch() == 5);
+  CHECK(same_batches(run_epoch(loader), epoch5));
+  CHECK(error_of([&] { loader.set_epoch(-1); }).find("epoch must be in") != std::string::npos);
+
+  loader.set_indices({});
+  CHECK(loader.num_batches() == 0);
+  CHECK(run_epoch(loader).empty());
+  loader.clear_indices();
+  CHECK(loader.num_batches() == 4);
+}
+
 TEST_CASE("loader: npy source reads memory-mapped rows", "[data][loader]") {
   TempDir tmp;
   std::string header = "{'descr': '<i4', 'fortran_order': False, 'shape': (10, 3), }";
