@@ -477,21 +477,30 @@ struct Loader::Impl {
 Loader::Loader(std::shared_ptr<Source> source, LoaderOptions options)
     : impl_(std::make_unique<Impl>()) {
   TORCH_CHECK(source != nullptr, "torchspeed.data.Loader: source must not be null");
-  TORCH_CHECK(options.batch_size >= 1, "torchspeed.data.Loader: batch_size must be >= 1, got ",
-              options.batch_size);
-  TORCH_CHECK(options.num_workers >= 0, "torchspeed.data.Loader: num_workers must be >= 0, got ",
-              options.num_workers);
-  TORCH_CHECK(options.prefetch_factor >= 1,
-              "torchspeed.data.Loader: prefetch_factor must be >= 1, got ",
-              options.prefetch_factor);
-  TORCH_CHECK(options.timeout_s >= 0, "torchspeed.data.Loader: timeout must be >= 0, got ",
-              options.timeout_s);
-  TORCH_CHECK(options.on_error == "raise" || options.on_error == "skip",
-              "torchspeed.data.Loader: on_error must be 'raise' or 'skip', got '", options.on_error,
-              "'");
-  TORCH_CHECK(options.world_size >= 1 && options.rank >= 0 && options.rank < options.world_size,
-              "torchspeed.data.Loader: rank must be in [0, world_size), got rank ", options.rank,
-              " and world_size ", options.world_size);
+  // ValueError in Python, as torch's DataLoader raises for these.
+  TORCH_CHECK_VALUE(options.batch_size >= 1,
+                    "torchspeed.data.Loader: batch_size must be >= 1, got ", options.batch_size);
+  TORCH_CHECK_VALUE(options.num_workers >= 0,
+                    "torchspeed.data.Loader: num_workers must be >= 0, got ", options.num_workers);
+  TORCH_CHECK_VALUE(options.prefetch_factor >= 1,
+                    "torchspeed.data.Loader: prefetch_factor must be >= 1, got ",
+                    options.prefetch_factor);
+  constexpr int64_t kMaxSlots = 1 << 16;
+  const int64_t slots_wanted =
+      int64_t{std::max(1, options.num_workers)} * options.prefetch_factor + 2;
+  TORCH_CHECK_VALUE(slots_wanted <= kMaxSlots,
+                    "torchspeed.data.Loader: num_workers * prefetch_factor must be <= ",
+                    kMaxSlots - 2, " (batches in flight), got ", options.num_workers, " * ",
+                    options.prefetch_factor);
+  TORCH_CHECK_VALUE(options.timeout_s >= 0, "torchspeed.data.Loader: timeout must be >= 0, got ",
+                    options.timeout_s);
+  TORCH_CHECK_VALUE(options.on_error == "raise" || options.on_error == "skip",
+                    "torchspeed.data.Loader: on_error must be 'raise' or 'skip', got '",
+                    escape_invalid_utf8(options.on_error), "'");
+  TORCH_CHECK_VALUE(
+      options.world_size >= 1 && options.rank >= 0 && options.rank < options.world_size,
+      "torchspeed.data.Loader: rank must be in [0, world_size), got rank ", options.rank,
+      " and world_size ", options.world_size);
   Impl& d = *impl_;
   d.source = std::move(source);
   d.opt = std::move(options);
@@ -502,8 +511,7 @@ Loader::Loader(std::shared_ptr<Source> source, LoaderOptions options)
     if (!dev.is_cpu()) d.device = dev;
   }
   d.pin = d.opt.pin_memory && at::hasCUDA();
-  const int workers = std::max(1, d.opt.num_workers);
-  const int nslots = workers * d.opt.prefetch_factor + 2;
+  const int nslots = static_cast<int>(slots_wanted);
   d.slots.resize(static_cast<size_t>(nslots));
   for (int s = 0; s < nslots; ++s) {
     d.allocate_slot(&d.slots[static_cast<size_t>(s)]);

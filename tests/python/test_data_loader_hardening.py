@@ -309,3 +309,31 @@ def test_skipped_count_is_exact_mid_epoch_and_in_the_warning(tmp_path, workers):
         warnings.simplefilter("error")
         state = dl.state_dict()
     assert state["skipped"] == 60
+
+
+# torch=True: torch's DataLoader raises ValueError for the same argument too.
+@pytest.mark.parametrize(
+    "kw, error, message, torch_too",
+    [
+        (dict(batch_size=0), ValueError, "batch_size must be >= 1, got 0", True),
+        (dict(batch_size=2.5), TypeError, "batch_size must be an integer, got float", False),
+        (dict(num_workers=-1), ValueError, "num_workers must be >= 0, got -1", True),
+        (dict(prefetch_factor=0), ValueError, "prefetch_factor must be >= 1, got 0", True),
+        (dict(num_workers=2**20, prefetch_factor=2**12), ValueError, "batches in flight", False),
+        (dict(num_workers=2**40), ValueError, "num_workers must fit in int32", False),
+        (dict(timeout=-1), ValueError, "timeout must be >= 0", True),
+        (dict(timeout=float("nan")), ValueError, "timeout must be >= 0", False),
+        (dict(on_error="ignore"), ValueError, "on_error must be 'raise' or 'skip'", False),
+        (dict(rank=2, world_size=2), ValueError, r"rank must be in \[0, world_size\)", False),
+        (dict(world_size=0), ValueError, r"rank must be in \[0, world_size\)", False),
+        (dict(worker_init_fn=print), ValueError, "worker_init_fn does not apply", False),
+        (dict(batch_sampler=[[0, 1]]), ValueError, "no batch_sampler", False),
+        (dict(sampler=[0], shuffle=True), ValueError, "mutually exclusive with shuffle", True),
+    ],
+)
+def test_bad_loader_arguments_raise_like_torch(kw, error, message, torch_too):
+    with pytest.raises(error, match=message):
+        DataLoader(TensorSource(torch.arange(N)), **kw)
+    if torch_too:
+        with pytest.raises(ValueError):
+            torch.utils.data.DataLoader(list(range(N)), **kw)

@@ -1,11 +1,9 @@
 """Shard files under the loader: truncation/rewrite while in use, stale indexes, Ctrl-C while indexing."""
 
-import io
 import os
 import signal
 import subprocess
 import sys
-import tarfile
 import textwrap
 import time
 import warnings
@@ -13,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from data_helpers import write_tar  # tarfile writes mtime 0: headers depend on name and size only
 
 from torchspeed import _C
 from torchspeed.data import DataLoader, NpySource, WebDataset
@@ -20,13 +19,6 @@ from torchspeed.data import DataLoader, NpySource, WebDataset
 pytestmark = pytest.mark.skipif(not hasattr(_C, "data"), reason="built without the data loader")
 
 
-def write_tar(path, members):
-    """USTAR tar of (name, bytes); tarfile writes mtime 0, so headers depend only on name and size."""
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
 
 
 def text_samples(n, prefix="k", size=lambda i: 100 + 37 * i):

@@ -354,10 +354,6 @@ class DataLoader:
             raise ValueError(
                 "torchspeed.data.DataLoader: sampler option is mutually exclusive with shuffle"
             )
-        if on_error not in ("raise", "skip"):
-            raise ValueError(
-                f"torchspeed.data.DataLoader: on_error must be 'raise' or 'skip', got {on_error!r}"
-            )
         if seed is None:
             seed = (
                 generator.initial_seed()
@@ -365,18 +361,19 @@ class DataLoader:
                 else int(torch.empty((), dtype=torch.int64).random_().item())
             )
         self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        # Ranges are checked once, in C++ (ValueError); here only that integers are integers.
         o = _native().LoaderOptions()
-        o.batch_size = int(batch_size)
+        o.batch_size = _int_option(batch_size, "batch_size")
         o.shuffle = bool(shuffle)
         o.drop_last = bool(drop_last)
-        o.num_workers = max(1, int(num_workers))
-        o.prefetch_factor = int(prefetch_factor) if prefetch_factor is not None else 2
+        o.num_workers = _int_option(num_workers, "num_workers")  # 0 runs one C++ thread
+        o.prefetch_factor = 2 if prefetch_factor is None else _int_option(prefetch_factor, "prefetch_factor")
         o.pin_memory = bool(pin_memory) or (self.device is not None and self.device.type == "cuda")
         o.timeout_s = float(timeout)
         o.seed = self.seed
-        o.on_error = on_error
-        o.rank = 0 if rank is None else int(rank)
-        o.world_size = 1 if world_size is None else int(world_size)
+        o.on_error = str(on_error)
+        o.rank = 0 if rank is None else _int_option(rank, "rank")
+        o.world_size = 1 if world_size is None else _int_option(world_size, "world_size")
         o.drop_uneven = bool(drop_uneven)
         self.options = o
         self._loader = _native().Loader(dataset._source, o)
@@ -492,6 +489,13 @@ def _as_int(value: Any, op: str, name: str) -> int:
         ) from None
     if not -(2**63) <= v < 2**63:
         raise ValueError(f"torchspeed.data.DataLoader.{op}: {name} must fit in int64, got {v}")
+    return v
+
+
+def _int_option(value: Any, name: str) -> int:
+    v = _as_int(value, "__init__", name)
+    if not -(2**31) <= v < 2**31:
+        raise ValueError(f"torchspeed.data.DataLoader: {name} must fit in int32, got {v}")
     return v
 
 
