@@ -488,10 +488,10 @@ Loader::Loader(std::shared_ptr<Source> source, LoaderOptions options)
   constexpr int64_t kMaxSlots = 1 << 16;
   const int64_t slots_wanted =
       int64_t{std::max(1, options.num_workers)} * options.prefetch_factor + 2;
-  TORCH_CHECK_VALUE(slots_wanted <= kMaxSlots,
-                    "torchspeed.data.Loader: num_workers * prefetch_factor must be <= ",
-                    kMaxSlots - 2, " (batches in flight), got ", options.num_workers, " * ",
-                    options.prefetch_factor);
+  TORCH_CHECK_VALUE(
+      slots_wanted <= kMaxSlots,
+      "torchspeed.data.Loader: num_workers * prefetch_factor must be <= ", kMaxSlots - 2,
+      " (batches in flight), got ", options.num_workers, " * ", options.prefetch_factor);
   TORCH_CHECK_VALUE(options.timeout_s >= 0, "torchspeed.data.Loader: timeout must be >= 0, got ",
                     options.timeout_s);
   TORCH_CHECK_VALUE(options.on_error == "raise" || options.on_error == "skip",

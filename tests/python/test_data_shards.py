@@ -19,8 +19,6 @@ from torchspeed.data import DataLoader, NpySource, WebDataset
 pytestmark = pytest.mark.skipif(not hasattr(_C, "data"), reason="built without the data loader")
 
 
-
-
 def text_samples(n, prefix="k", size=lambda i: 100 + 37 * i):
     """n samples '<prefix><i>.txt' with distinct contents of distinct sizes."""
     return [

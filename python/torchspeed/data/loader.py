@@ -367,7 +367,9 @@ class DataLoader:
         o.shuffle = bool(shuffle)
         o.drop_last = bool(drop_last)
         o.num_workers = _int_option(num_workers, "num_workers")  # 0 runs one C++ thread
-        o.prefetch_factor = 2 if prefetch_factor is None else _int_option(prefetch_factor, "prefetch_factor")
+        o.prefetch_factor = (
+            2 if prefetch_factor is None else _int_option(prefetch_factor, "prefetch_factor")
+        )
         o.pin_memory = bool(pin_memory) or (self.device is not None and self.device.type == "cuda")
         o.timeout_s = float(timeout)
         o.seed = self.seed
