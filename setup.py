@@ -97,6 +97,8 @@ setup(
     ext_modules=[CMakeExtension("torchspeed._C")],
     cmdclass={"build_ext": CMakeBuild},
     install_requires=_torch_requirement() + ["numpy", "tqdm"],
+    # pip install torchspeed[bench]: the loader benchmark (and write_shards conversions) use Pillow.
+    extras_require={"bench": ["pillow"]},
     entry_points={"console_scripts": ["torchspeed=torchspeed.cli:main"]},
     zip_safe=False,
 )

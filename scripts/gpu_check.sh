@@ -107,21 +107,14 @@ else
 fi
 
 # ---- benches (JSON into $TORCHSPEED_RESULTS_DIR) ---------------------------------------------------
-if [[ -f bench/bench_grad_stats.py ]]; then
-  step bench_grad_stats 30 "$PYTHON" bench/bench_grad_stats.py --device cuda
-else
-  skip bench_grad_stats "bench/bench_grad_stats.py not found"
-fi
-if [[ -f bench/bench_optim.py ]]; then
-  step bench_optim 60 "$PYTHON" bench/bench_optim.py --device cuda
-else
-  skip bench_optim "bench/bench_optim.py not found"
-fi
+# The benchmarks ship in the package (torchspeed.benchmarks); `torchspeed bench NAME` runs one.
+step bench_grad_stats 30 "$PYTHON" -m torchspeed.cli bench grad_stats --device cuda
+step bench_optim 60 "$PYTHON" -m torchspeed.cli bench optim --device cuda
 
 # ---- loader on the GPU (only when the data part was built) -----------------------------------------
 if "$PYTHON" -c 'import sys, torchspeed._C as C; sys.exit(0 if hasattr(C, "data") else 1)'; then
   step test_data_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/test_data_loader.py
-  step bench_loader_gpu 90 "$PYTHON" bench/bench_loader_gpu.py --batches 100 --step-ms 20
+  step bench_loader_gpu 90 "$PYTHON" -m torchspeed.cli bench loader_gpu --batches 100 --step-ms 20
 else
   skip test_data_cuda "built without the data part (TORCHSPEED_WITH_DATA=OFF)"
   skip bench_loader_gpu "built without the data part (TORCHSPEED_WITH_DATA=OFF)"

@@ -11,7 +11,7 @@ import os as _os
 
 import torch  # noqa: F401  (must be loaded before the native library)
 
-from ._loader import load_native as _load_native
+from ._native import load_native as _load_native
 
 _C, build_info = _load_native()
 

@@ -163,7 +163,7 @@ class WebDataset(_NativeSource):
     so pixels stay within 1 level mean absolute difference per image of a full decode + PIL
     BILINEAR resize (measured <= 0.5 on noise textures; from ~500x375 photos it only scales for
     outputs under ~60 px); ``"fast"`` scales whenever the crop is >= the output: measured on one core
-    with 500x375 q90 JPEGs (bench/bench_loader.py), 1.2x the images/s of the default for 112 px
+    with 500x375 q90 JPEGs (`torchspeed bench loader`), 1.2x the images/s of the default for 112 px
     random crops, 1.4x for 112 px resize / resize_center_crop, 1.7x for 64 px resize, nothing at
     224 px; its pixels are 0.4-1.1 levels mean per image off torchvision there (worst image 1.4),
     2-7 levels mean (single pixels up to ~50) on noise/checkerboard textures. ``False``/``"off"``

@@ -1,9 +1,9 @@
 """Benchmark harness: warm-up, median of N timed runs, the anchor side by side in one process,
 a measured STREAM-triad bandwidth as the physical limit, a printed table and a JSON record.
 
-    h = Harness("bench_optim", args)
+    h = Harness("bench_optim", "torchspeed bench optim --quick")
     h.add("torch fused AdamW", fn, bytes_moved=28 * n, group="flat 1e8")
-    h.finish()   # prints the table, writes JSON to $TORCHSPEED_RESULTS_DIR or bench/out/
+    h.finish()  # prints the table, writes JSON to results_dir()
 """
 
 import datetime
@@ -15,6 +15,16 @@ import time
 from typing import Callable, Dict, List, Optional
 
 import torch
+
+
+def results_dir() -> str:
+    """Where every benchmark writes its JSON (created): $TORCHSPEED_RESULTS_DIR, else
+    ./torchspeed_results in the current folder."""
+    out = os.environ.get("TORCHSPEED_RESULTS_DIR") or os.path.join(
+        os.getcwd(), "torchspeed_results"
+    )
+    os.makedirs(out, exist_ok=True)
+    return out
 
 
 def _sync(device: str) -> None:
@@ -207,12 +217,7 @@ class Harness:
             )
         table = "\n".join(lines)
         print(table, flush=True)
-        # $TORCHSPEED_RESULTS_DIR, else bench/out/ when run from the repository root, else ./bench_out/
-        out_dir = os.environ.get("TORCHSPEED_RESULTS_DIR") or (
-            os.path.join("bench", "out") if os.path.isdir("bench") else "bench_out"
-        )
-        os.makedirs(out_dir, exist_ok=True)
-        path = os.path.join(out_dir, f"{self.name}_{self.device.split(':')[0]}.json")
+        path = os.path.join(results_dir(), f"{self.name}_{self.device.split(':')[0]}.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(
                 {

@@ -1,0 +1,42 @@
+"""torchspeed's benchmarks, shipped with the package: each measures torchspeed against the anchor a
+PyTorch user would pick instead (torch fused AdamW, torch._foreach_norm, torch's DataLoader) side
+by side in one process, prints a table and writes a JSON to :func:`harness.results_dir`
+($TORCHSPEED_RESULTS_DIR, else ./torchspeed_results).
+
+    torchspeed bench optim --quick        # or: python -m torchspeed.benchmarks optim --quick
+    torchspeed.benchmarks.run("grad_stats", ["--quick"])
+
+`bench/bench_<name>.py` in the source tree are shims that run the same code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional, Sequence
+
+# name -> (module, what it measures)
+BENCHMARKS = {
+    "optim": ("optim", "fused optimizer step vs torch.optim.AdamW (for-loop, foreach, fused)"),
+    "grad_stats": ("grad_stats", "global/per-tensor norms + inf check vs torch._foreach_norm"),
+    "loader": ("loader", "JPEG loader vs torch DataLoader + PIL (needs Pillow)"),
+    "loader_gpu": ("loader_gpu", "H2D copy hidden behind compute, sync-free next() (CUDA)"),
+}
+# What each benchmark needs beyond torch: pip install torchspeed[bench].
+_EXTRAS = {"loader": ("PIL", "numpy")}
+
+
+def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
+    """Runs benchmark `name` with command-line arguments `argv`; returns its exit status."""
+    if name not in BENCHMARKS:
+        raise ValueError(
+            f"torchspeed.benchmarks.run: name must be one of {', '.join(BENCHMARKS)}, got {name!r}"
+        )
+    for module in _EXTRAS.get(name, ()):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise SystemExit(
+                f"torchspeed bench {name}: needs {module} (pip install 'torchspeed[bench]')"
+            ) from None
+    mod = importlib.import_module(f"{__name__}.{BENCHMARKS[name][0]}")
+    return int(mod.main(list(argv) if argv is not None else []) or 0)

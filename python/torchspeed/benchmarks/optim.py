@@ -1,0 +1,183 @@
+"""torchspeed.optim.AdamW against torch.optim.AdamW (for-loop, foreach, fused=True) on the same
+parameter sets, side by side in one process, with the measured triad bandwidth as the limit.
+
+Bytes per param per step (read + write, counted once): fp32 Adam 28 B (p, g, m, v read; p, m, v
+written); bf16 params + bf16 grads + fp32 master/m/v 28 B (g2 master4 m4 v4 read; master4 m4 v4
+p2 written).
+Sets: (a) one flat 1e8 fp32 param; (b) ResNet-50's 161 tensors (25.6M) and a GPT-2-small-shaped
+transformer's 148 tensors (124M); (c) 10,000 tensors of 256-4096 elements; (d) bf16 + masters.
+On CPU, DeepSpeed's CPU Adam joins the anchors when it is installed (`pip install deepspeed`).
+"""
+
+import argparse
+import gc
+import sys
+
+import torch
+
+import torchspeed
+from torchspeed.benchmarks.harness import Harness
+
+
+def resnet50_shapes():
+    shapes = [(64, 3, 7, 7), (64,), (64,)]
+    inp = 64
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            out = width * 4
+            shapes += [
+                (width, inp, 1, 1),
+                (width,),
+                (width,),
+                (width, width, 3, 3),
+                (width,),
+                (width,),
+                (out, width, 1, 1),
+                (out,),
+                (out,),
+            ]
+            if b == 0:
+                shapes += [(out, inp, 1, 1), (out,), (out,)]
+            inp = out
+    return shapes + [(1000, 2048), (1000,)]
+
+
+def gpt2_small_shapes():
+    d, layers, vocab, ctx = 768, 12, 50257, 1024
+    shapes = [(vocab, d), (ctx, d)]
+    for _ in range(layers):
+        shapes += [
+            (d,),
+            (d,),
+            (3 * d, d),
+            (3 * d,),
+            (d, d),
+            (d,),
+            (d,),
+            (d,),
+            (4 * d, d),
+            (4 * d,),
+            (d, 4 * d),
+            (d,),
+        ]
+    return shapes + [(d,), (d,)]
+
+
+def make(shapes, dtype=torch.float32, device="cpu"):
+    # Generated on the device itself: a 1e9-element set would take minutes through the host.
+    g = torch.Generator(device=device).manual_seed(0)
+    params = [torch.randn(s, generator=g, device=device).to(dtype).requires_grad_() for s in shapes]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g, device=device).mul_(1e-3).to(dtype)
+    return params
+
+
+def deepspeed_cpu_adamw():
+    """DeepSpeed's CPU Adam (AVX-512/AVX2 C++ kernel, JIT-built) as an AdamW class, or None when
+    DeepSpeed is not installed or cannot build its op here."""
+    try:
+        import logging
+
+        logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+    except Exception as e:  # noqa: BLE001 - any import/build failure means "not available"
+        print(f"DeepSpeed CPU Adam not available ({type(e).__name__}: {e}); skipped", flush=True)
+        return None
+
+    def make_opt(params, lr, **kw):
+        return DeepSpeedCPUAdam(params, lr=lr, weight_decay=1e-2, adamw_mode=True)
+
+    return make_opt
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="torchspeed bench optim", description=__doc__)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument(
+        "--quick", action="store_true", help="smaller flat set, fewer repeats (CI / demo)"
+    )
+    args = ap.parse_args(argv)
+    dev = args.device
+    reps = 3 if args.quick else 7
+    flat = 20_000_000 if args.quick else 100_000_000
+    if dev.startswith("cuda") and not args.quick:
+        flat = 1_000_000_000
+    g = torch.Generator().manual_seed(1)
+    small = [(int(n),) for n in torch.randint(256, 4097, (10_000,), generator=g)]
+    sets = [
+        (f"flat {flat / 1e6:.0f}M fp32", [(flat,)]),
+        ("resnet50 161 t 25.6M", resnet50_shapes()),
+        ("gpt2-small 148 t 124M", gpt2_small_shapes()),
+        ("10k small tensors", small),
+    ]
+    h = Harness(
+        "bench_optim",
+        "torchspeed bench optim " + " ".join(sys.argv[1:] if argv is None else argv),
+        device=dev,
+    )
+    ds_adam = deepspeed_cpu_adamw() if dev == "cpu" and not args.quick else None
+    for name, shapes in sets:
+        n = sum(torch.Size(s).numel() for s in shapes)
+        variants = [
+            ("torch AdamW for-loop", dict(foreach=False), torch.optim.AdamW, True),
+            ("torch AdamW foreach", dict(foreach=True), torch.optim.AdamW, True),
+            ("torch AdamW fused", dict(fused=True), torch.optim.AdamW, True),
+            ("torchspeed AdamW", {}, torchspeed.optim.AdamW, False),
+        ]
+        if name.startswith("flat") and dev == "cpu":
+            variants = variants[1:]  # the for-loop equals foreach on one tensor
+        if ds_adam is not None:
+            variants.insert(-1, ("DeepSpeed CPUAdam (adamw)", {}, ds_adam, True))
+        for label, kw, cls, anchor in variants:
+            params = make(shapes, device=dev)
+            opt = cls(params, lr=1e-3, **kw)
+            h.add(
+                name,
+                label,
+                opt.step,
+                bytes_moved=28 * n,
+                repeats=reps,
+                anchor=anchor,
+                params=len(shapes),
+                elements=n,
+            )
+            del opt, params
+            gc.collect()
+    # (d) bf16 params + bf16 grads with fp32 masters (28 B/param) vs torch fused AdamW on bf16
+    # params (no master: bf16 moments, 14 B/param, less accurate) and fp32 torch fused (28 B).
+    shapes = gpt2_small_shapes()
+    n = sum(torch.Size(s).numel() for s in shapes)
+    name = "gpt2-small bf16 params"
+    params = make(shapes, dtype=torch.bfloat16, device=dev)
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    h.add(
+        name,
+        "torch fused AdamW bf16 (no master)",
+        opt.step,
+        bytes_moved=14 * n,
+        repeats=reps,
+        anchor=True,
+    )
+    del opt, params
+    params = make(shapes, device=dev)
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    h.add(
+        name,
+        "torch fused AdamW fp32 params",
+        opt.step,
+        bytes_moved=28 * n,
+        repeats=reps,
+        anchor=True,
+    )
+    del opt, params
+    params = make(shapes, dtype=torch.bfloat16, device=dev)
+    opt = torchspeed.optim.AdamW(params, lr=1e-3)
+    h.add(name, "torchspeed AdamW bf16+fp32 master", opt.step, bytes_moved=28 * n, repeats=reps)
+    del opt, params
+    gc.collect()
+    h.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""Helpers shared by torchspeed's tests and benchmarks."""

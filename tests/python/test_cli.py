@@ -1,0 +1,79 @@
+"""The `torchspeed` command run as a user would after `pip install`: from an empty folder, against
+the installed package (the benchmarks ship in it), results in ./torchspeed_results."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+torchspeed = pytest.importorskip("torchspeed")
+
+
+def run_cli(args, cwd, **env):
+    e = dict(os.environ, **env)
+    e.pop("TORCHSPEED_RESULTS_DIR", None)
+    e.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "torchspeed.cli", *args],
+        cwd=cwd,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_bench_runs_from_an_empty_folder_and_writes_torchspeed_results(tmp_path):
+    r = run_cli(["bench", "grad_stats", "--quick"], cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    path = tmp_path / "torchspeed_results" / "bench_grad_stats_cpu.json"
+    rec = json.loads(path.read_text())
+    labels = {row["label"] for row in rec["rows"]}
+    assert any("torchspeed" in lab for lab in labels) and any("torch" in lab for lab in labels)
+    assert rec["command"].startswith("torchspeed bench grad_stats --quick")
+    assert rec["machine"]["cpu_model"]
+    assert "results written to" in r.stdout
+
+
+def test_results_dir_env_and_a_stray_bench_folder_is_not_run(tmp_path):
+    # A bench/ folder in the current directory used to be run by `torchspeed bench`: no more.
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "bench_optim.py").write_text("raise SystemExit(99)\n")
+    r = run_cli(["bench", "optim", "--help"], cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "torchspeed bench optim" in r.stdout and "--quick" in r.stdout
+    out = tmp_path / "elsewhere"
+    r = run_cli(
+        ["bench", "grad_stats", "--quick"], cwd=str(tmp_path), TORCHSPEED_RESULTS_DIR=str(out)
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (out / "bench_grad_stats_cpu.json").exists()
+    assert not (tmp_path / "torchspeed_results").exists()
+
+
+def test_unknown_benchmark_is_a_usage_error(tmp_path):
+    r = run_cli(["bench", "nope"], cwd=str(tmp_path))
+    assert r.returncode == 2
+    assert "invalid choice: 'nope'" in r.stderr and "grad_stats" in r.stderr
+    from torchspeed import benchmarks
+
+    with pytest.raises(ValueError, match="name must be one of optim, grad_stats"):
+        benchmarks.run("nope")
+
+
+def test_console_script_and_module_entry_points(tmp_path):
+    exe = shutil.which("torchspeed")
+    if exe is None:
+        pytest.skip("the torchspeed console script is not on PATH (not a pip install?)")
+    r = subprocess.run([exe, "bench", "--help"], cwd=str(tmp_path), capture_output=True, text=True)
+    assert r.returncode == 0 and "loader_gpu" in r.stdout, r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "torchspeed.benchmarks", "optim", "--help"],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and "--device" in r.stdout, r.stderr
