@@ -22,6 +22,17 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 
 
+def _version() -> str:
+    """The version, from the one place it is written: project(torchspeed VERSION x.y.z)."""
+    import re
+
+    text = (ROOT / "CMakeLists.txt").read_text(encoding="utf-8")
+    m = re.search(r"project\(torchspeed\s+VERSION\s+([0-9.]+)", text)
+    if m is None:
+        sys.exit("setup.py: no 'project(torchspeed VERSION x.y.z)' in CMakeLists.txt")
+    return m.group(1)
+
+
 def _torch():
     try:
         import torch
@@ -87,7 +98,7 @@ def _torch_requirement() -> list:
 
 setup(
     name="torchspeed",
-    version="0.1.0",
+    version=_version(),
     description="LibTorch extension toolkit that makes PyTorch training faster",
     long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",

@@ -1,5 +1,6 @@
 # Helper functions for the top-level CMakeLists.txt: finding torch and Python, deciding CUDA,
-# sanitizer flags, per-ISA kernel units, build_info.json.
+# per-target flags, areas, per-ISA kernel units, build_info.json. Nothing here changes global or
+# directory-wide flags, so torchspeed can be embedded with add_subdirectory.
 
 # Finds Torch (through Python's torch when CMAKE_PREFIX_PATH does not already reach it) and,
 # optionally, the Python pieces the _C module needs.
@@ -34,6 +35,18 @@ macro(torchspeed_find_python_and_torch)
     endif()
   endif()
   find_package(Torch REQUIRED)
+  # Embedded (add_subdirectory) in a project that did not find Torch itself: torch's imported
+  # targets, and those of its dependencies, were created in this directory; make them visible to
+  # the parent, whose targets link torchspeed::torchspeed and so torch.
+  if(NOT PROJECT_IS_TOP_LEVEL)
+    get_directory_property(_ts_imported IMPORTED_TARGETS)
+    foreach(_t IN LISTS _ts_imported)
+      get_target_property(_global ${_t} IMPORTED_GLOBAL)
+      if(NOT _global)
+        set_property(TARGET ${_t} PROPERTY IMPORTED_GLOBAL TRUE)
+      endif()
+    endforeach()
+  endif()
   if(DEFINED Torch_VERSION)
     set(TORCHSPEED_TORCH_VERSION "${Torch_VERSION}")
   else()
@@ -44,8 +57,9 @@ macro(torchspeed_find_python_and_torch)
     execute_process(COMMAND "${Python3_EXECUTABLE}" -c "import torch; print(torch.__version__)"
       OUTPUT_VARIABLE TORCHSPEED_TORCH_VERSION OUTPUT_STRIP_TRAILING_WHITESPACE)
   endif()
-  # torch's compile flags carry -D_GLIBCXX_USE_CXX11_ABI=0|1: every target must agree with it.
-  string(APPEND CMAKE_CXX_FLAGS " ${TORCH_CXX_FLAGS}")
+  # torch's compile flags carry -D_GLIBCXX_USE_CXX11_ABI=0|1: every target must agree with it,
+  # also the torch-free ones (torchspeed_target_defaults adds them per target).
+  separate_arguments(TORCHSPEED_TORCH_CXX_FLAGS UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 
   set(TORCHSPEED_PYTHON_ENABLED OFF)
   if(NOT TORCHSPEED_BUILD_PYTHON STREQUAL "OFF" AND TORCHSPEED_TORCH_PY_OK AND Python3_Development.Module_FOUND)
@@ -86,12 +100,34 @@ macro(torchspeed_resolve_cuda)
   endif()
 endmacro()
 
-macro(torchspeed_sanitizer_flags)
+# What every torchspeed target gets, on the target (never globally): C++17, warnings, torch's ABI
+# flags, and the TORCHSPEED_SANITIZE instrumentation.
+function(torchspeed_target_defaults target)
+  target_compile_features(${target} PRIVATE cxx_std_17)
+  set(_cxx ${TORCHSPEED_WARNINGS} ${TORCHSPEED_TORCH_CXX_FLAGS})
   if(TORCHSPEED_SANITIZE)
-    add_compile_options(-fsanitize=${TORCHSPEED_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
-    add_link_options(-fsanitize=${TORCHSPEED_SANITIZE})
+    list(APPEND _cxx -fsanitize=${TORCHSPEED_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
   endif()
-endmacro()
+  target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${_cxx}>")
+  if(TORCHSPEED_SANITIZE)
+    get_target_property(_type ${target} TYPE)
+    if(NOT _type STREQUAL "STATIC_LIBRARY")
+      target_link_options(${target} PRIVATE -fsanitize=${TORCHSPEED_SANITIZE})
+    endif()
+  endif()
+endfunction()
+
+# Registers an area. cmake/<area>.cmake sets TORCHSPEED_<AREA>_SOURCES (libtorchspeed),
+# _CUDA_SOURCES, _PYTHON_SOURCES (torchspeed._C), _TEST_SOURCES (the test_<area> executable),
+# _INCLUDE_DIRS, _LIBS, _DEFINITIONS and _FEATURES (build_info.json, torchspeedConfig.cmake), then
+# calls torchspeed_area(<area>); this appends them to the TORCHSPEED_AREA_* lists the targets use.
+function(torchspeed_area name)
+  string(TOUPPER "${name}" _n)
+  foreach(_kind SOURCES CUDA_SOURCES PYTHON_SOURCES INCLUDE_DIRS LIBS DEFINITIONS FEATURES)
+    set(TORCHSPEED_AREA_${_kind} ${TORCHSPEED_AREA_${_kind}} ${TORCHSPEED_${_n}_${_kind}} PARENT_SCOPE)
+  endforeach()
+  set(TORCHSPEED_AREAS ${TORCHSPEED_AREAS} ${name} PARENT_SCOPE)
+endfunction()
 
 # Adds csrc/kernels/cpu/isa_<name>.cpp to torchspeed_cpu_kernels with its own flags, when the
 # target is x86-64 and the compiler accepts them.

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds and runs tests/consumer (LibTorch apps using find_package(torchspeed)) twice: against the
-# pip-installed package (torchspeed.cmake_prefix_path) and against `cmake --install` of the C++
-# build (no Python involved in finding it). Then builds examples/cpp against the pip install and
-# runs the training example. LD_LIBRARY_PATH is unset throughout: every binary must find its
-# libraries through RUNPATHs, as on a user's machine.
+# Builds and runs tests/consumer (LibTorch apps using find_package(torchspeed)) three times: against
+# the pip-installed package (torchspeed.cmake_prefix_path), against `cmake --install` of the C++
+# build, and against the build tree itself (export()); no Python is involved in finding the last
+# two. Then tests/consumer_subdir embeds torchspeed with add_subdirectory (checking that it leaves
+# the parent's settings alone), and examples/cpp is built against the pip install and its training
+# example run. LD_LIBRARY_PATH is unset throughout: every binary must find its libraries through
+# RUNPATHs, as on a user's machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset LD_LIBRARY_PATH
@@ -26,11 +28,13 @@ check_openmp() {  # app: when torch ships its libgomp, the app loads that one (o
   [ "$(readlink -f "$got")" = "$(readlink -f "$TORCH_LIB/libgomp.so.1")" ] ||
     fail "$1 loads libgomp.so.1 from '$got', not torch's $TORCH_LIB/libgomp.so.1"
 }
+data=$(cd /tmp && "$PY" -c 'import torchspeed._C as C; print("ON" if hasattr(C, "data") else "OFF")')
 run_consumer() {  # name prefix_path libdir
   local dir=build/consumer-$1
   check_library "$3"
   rm -rf "$dir"
-  cmake -S tests/consumer -B "$dir" -G Ninja -DCMAKE_PREFIX_PATH="$2;$TORCH_CMAKE" >"$dir.log" 2>&1 || { cat "$dir.log"; return 1; }
+  cmake -S tests/consumer -B "$dir" -G Ninja -DCMAKE_PREFIX_PATH="$2;$TORCH_CMAKE" \
+    -DEXPECT_WITH_DATA="$data" >"$dir.log" 2>&1 || { cat "$dir.log"; return 1; }
   cmake --build "$dir" >>"$dir.log" 2>&1 || { cat "$dir.log"; return 1; }
   "$dir/minimal_app"
   "$dir/consumer"
@@ -43,12 +47,26 @@ BUILD=${TORCHSPEED_BUILD_DIR:-build/release}
 cmake --install "$BUILD" --prefix "$PWD/build/cpp-install" >/dev/null
 echo "consumer against cmake --install ($PWD/build/cpp-install):"
 run_consumer install "$PWD/build/cpp-install/share/cmake" "$PWD/build/cpp-install/lib"
+echo "consumer against the build tree ($PWD/$BUILD):"
+run_consumer build-tree "$PWD/$BUILD" "$PWD/$BUILD"
+
+echo "add_subdirectory(torchspeed) in another project (no Python module, no data area):"
+sub=build/consumer-subdir
+rm -rf "$sub" "$sub-install"
+cmake -S tests/consumer_subdir -B "$sub" -G Ninja -DTORCHSPEED_SOURCE_DIR="$PWD" \
+  -DCMAKE_PREFIX_PATH="$TORCH_CMAKE" -DTORCHSPEED_BUILD_PYTHON=OFF -DTORCHSPEED_WITH_DATA=OFF \
+  -DEXPECT_WITH_DATA=OFF ${CMAKE_ARGS:-} >"$sub.log" 2>&1 || { cat "$sub.log"; exit 1; }
+cmake --build "$sub" >>"$sub.log" 2>&1 || { tail -50 "$sub.log"; exit 1; }
+"$sub/minimal_app"
+tests=$(cd "$sub" && ctest -N | awk '/Total Tests:/ {print $3}')
+[ "$tests" = 1 ] || fail "the parent project has $tests tests; torchspeed must add none when embedded"
+cmake --install "$sub" --prefix "$PWD/$sub-install" >/dev/null
+[ -z "$(ls -A "$sub-install" 2>/dev/null)" ] || fail "an embedded torchspeed installed files: $(ls -R "$sub-install" | head)"
 
 echo "examples/cpp against the pip install:"
-data=$(cd /tmp && "$PY" -c 'import torchspeed._C as C; print("ON" if hasattr(C, "data") else "OFF")')
 rm -rf build/examples
 cmake -S examples/cpp -B build/examples -G Ninja -DCMAKE_PREFIX_PATH="$WHEEL_CMAKE;$TORCH_CMAKE" \
-  -DTORCHSPEED_EXAMPLES_DATA="$data" >build/examples.log 2>&1 || { cat build/examples.log; exit 1; }
+  >build/examples.log 2>&1 || { cat build/examples.log; exit 1; }
 cmake --build build/examples >>build/examples.log 2>&1 || { cat build/examples.log; exit 1; }
 build/examples/train_mlp 200
 check_openmp build/examples/train_mlp

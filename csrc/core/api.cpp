@@ -5,10 +5,11 @@
 #include "kernels/cpu/dispatch.h"
 #include "ops/checks.h"
 #include "torchspeed/torchspeed.h"
+#include "torchspeed/version.h"
 
 namespace torchspeed {
 
-const char* version() { return "0.1.0"; }
+const char* version() { return TORCHSPEED_VERSION_STRING; }
 
 std::string cpu_isa() {
   return ops::rethrow_as_torch_error("cpu_isa",

@@ -19,7 +19,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("with_cuda") = false;
 #endif
   torchspeed::python::bind_optim(m);
-#if defined(TORCHSPEED_HAVE_DATA_BINDINGS)
+#if defined(TORCHSPEED_AREA_DATA)
   torchspeed::python::bind_data(m);
 #endif
 }

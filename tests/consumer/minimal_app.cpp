@@ -3,9 +3,11 @@
 // float64 and exits non-zero on any mismatch.
 #include <ATen/ATen.h>
 #include <torchspeed/torchspeed.h>
+#include <torchspeed/version.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 int main() {
@@ -22,6 +24,12 @@ int main() {
       (stats.per_tensor_norms.to(at::kDouble) - ref_per_tensor).abs().max().item<double>();
   std::printf("minimal_app: torchspeed %s, grad_stats norm %.6f, float64 reference %.6f\n",
               torchspeed::version(), got, ref);
+  // The header's compile-time version and the library's must be the one CMake wrote.
+  if (std::strcmp(torchspeed::version(), TORCHSPEED_VERSION_STRING) != 0) {
+    std::printf("FAILED: library version %s, header version %s\n", torchspeed::version(),
+                TORCHSPEED_VERSION_STRING);
+    return 1;
+  }
   // float32 accumulation over ~670 elements: a relative tolerance of 1e-5 is ample.
   if (!(std::fabs(got - ref) <= 1e-5 * ref) || !(per_tensor_err <= 1e-5 * ref) ||
       stats.found_inf.item<float>() != 0.f) {

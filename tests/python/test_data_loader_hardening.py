@@ -1,6 +1,6 @@
 """torchspeed.data.DataLoader under hostile use: resume states (hypothesis), per-sample text
 conversions inside the error policy, set_epoch inside the loop, several iterators, samplers,
-and an exact skipped count (issue 8, items 6, 9, 10)."""
+and an exact skipped count."""
 
 import gc
 import os

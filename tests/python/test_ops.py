@@ -153,6 +153,7 @@ def test_info_features_tell_the_truth():
 
     features = info.collect()["features"]
     has_data = hasattr(_C, "data")
+    assert "optim" in features and hasattr(_C, "optim")  # the optimizer area is always built
     assert ("data" in features) == has_data
     assert ("jpeg" in features) == (has_data and _C.data.with_jpeg)
     # at::parallel_for only runs in parallel in code built with OpenMP when torch uses OpenMP.

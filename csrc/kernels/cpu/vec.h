@@ -127,7 +127,8 @@ struct ScalarVec {
   }
   friend ScalarVec sqrt(ScalarVec a) { return ScalarVec(std::sqrt(a.v)); }
   friend ScalarVec abs(ScalarVec a) { return ScalarVec(std::fabs(a.v)); }
-  /// max that returns `a` when either is NaN is not needed; ties and NaN follow std::fmax.
+  /// (a > b) ? a : b, in every ISA: when either is NaN the result is `b` (unlike std::fmax,
+  /// which returns the other operand); callers that must see NaN check for it separately.
   friend ScalarVec max(ScalarVec a, ScalarVec b) { return ScalarVec(a.v > b.v ? a.v : b.v); }
   /// +1, -1 or 0 (sign(0) = 0, as torch.sign).
   friend ScalarVec sign(ScalarVec a) { return ScalarVec(static_cast<F>((a.v > 0) - (a.v < 0))); }

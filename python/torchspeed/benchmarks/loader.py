@@ -1,4 +1,4 @@
-"""Loader benchmark (issue 4): torchspeed.data vs torch DataLoader + PIL on an ImageNet-like JPEG set.
+"""Loader benchmark: torchspeed.data vs torch DataLoader + PIL on an ImageNet-like JPEG set.
 
 Workload: 2,048 textured 500x375 JPEGs at quality 90 (~2.5 bits/pixel, generated here, cached),
 stored as WebDataset shards (torchspeed) and as an image folder (torch). Pipeline: decode ->

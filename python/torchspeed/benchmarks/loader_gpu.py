@@ -1,4 +1,4 @@
-"""GPU check for the loader (issue 4): is H2D hidden behind compute, and is next() sync-free?
+"""GPU check for the loader: is H2D hidden behind compute, and is next() sync-free?
 
 A fixed-duration CUDA "model" step (torch.cuda._sleep) consumes batches. We compare the mean step
 time fed by torchspeed's loader (device="cuda", side-stream prefetch) with the step time on

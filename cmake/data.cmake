@@ -1,5 +1,11 @@
-# Source lists, include dirs, libraries and definitions of torchspeed.data, included by the
-# top-level CMakeLists.txt. Sets variables only; it never creates or changes targets.
+# The data area (torchspeed.data, include/torchspeed/data/): the loader, WebDataset shards, .npy,
+# JPEG/PNG decode. Included by CMakeLists.txt like every cmake/<area>.cmake: declares its options,
+# sets TORCHSPEED_DATA_* and registers with torchspeed_area(). It creates no targets.
+option(TORCHSPEED_WITH_DATA "Build the data loader area (cmake/data.cmake; needs libpng)" ON)
+option(TORCHSPEED_WITH_JPEG "JPEG decode in the data loader (needs libjpeg-turbo; configure fails without it)" ON)
+if(NOT TORCHSPEED_WITH_DATA)
+  return()
+endif()
 set(_ts_data_root "${CMAKE_CURRENT_LIST_DIR}/..")
 
 # Torch-free core: tar/index, .npy, decode + transforms, sampling (tested without libtorch).
@@ -21,11 +27,6 @@ set(TORCHSPEED_DATA_TEST_SOURCES
   "${_ts_data_root}/tests/cpp/data/test_loader.cpp"
   "${_ts_data_root}/tests/cpp/data/test_npy.cpp"
   "${_ts_data_root}/tests/cpp/data/test_tar.cpp"
-)
-set(TORCHSPEED_DATA_FUZZ_TARGETS
-  "${_ts_data_root}/tests/fuzz/fuzz_decode.cpp"
-  "${_ts_data_root}/tests/fuzz/fuzz_index.cpp"
-  "${_ts_data_root}/tests/fuzz/fuzz_tar.cpp"
 )
 set(TORCHSPEED_DATA_INCLUDE_DIRS "${_ts_data_root}/csrc/data")
 set(TORCHSPEED_DATA_LIBS "")
@@ -101,6 +102,13 @@ endif()
 list(APPEND TORCHSPEED_DATA_INCLUDE_DIRS ${PNG_INCLUDE_DIRS})
 list(APPEND TORCHSPEED_DATA_LIBS ${PNG_LIBRARIES})
 list(APPEND TORCHSPEED_DATA_DEFINITIONS ${PNG_DEFINITIONS})
+
+set(TORCHSPEED_DATA_FEATURES data png)
+if(TORCHSPEED_WITH_JPEG)
+  list(APPEND TORCHSPEED_DATA_FEATURES jpeg jpeg-region-decode)
+endif()
+list(APPEND TORCHSPEED_DATA_SOURCES ${TORCHSPEED_DATA_CORE_SOURCES})
+torchspeed_area(data)
 
 unset(_ts_missing)
 unset(_ts_debian_hint)
