@@ -24,10 +24,33 @@ FLAGS="-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
   -I$ROOT/include -I$ROOT/csrc/data $JPEG_FLAGS $PNG_FLAGS"
 CORE="$ROOT/csrc/data/tar_reader.cpp $ROOT/csrc/data/npy.cpp $ROOT/csrc/data/image.cpp"
 
+# The CPU kernel layer (the image resampler runs there): each ISA unit with its own flags, as the
+# CMake build compiles it (the x86-64 units only on x86-64).
+KFLAGS="-std=c++17 -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -I$ROOT/csrc -ffp-contract=off"
+KOBJS=""
+kernel_unit() {  # name flags...
+  local name=$1
+  shift
+  # shellcheck disable=SC2086
+  "$CXX" $KFLAGS "$@" -DTORCHSPEED_CPU_ISA_NAMESPACE="isa_$name" -c \
+    "$ROOT/csrc/kernels/cpu/isa_$name.cpp" -o "$OUT/isa_$name.o"
+  KOBJS="$KOBJS $OUT/isa_$name.o"
+}
+kernel_unit scalar
+DISPATCH_DEFS=""
+if [ "$(uname -m)" = x86_64 ]; then
+  kernel_unit avx2 -mavx2 -mfma -mf16c
+  kernel_unit avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
+  DISPATCH_DEFS="-DTORCHSPEED_HAVE_AVX2_UNIT -DTORCHSPEED_HAVE_AVX512_UNIT"
+fi
+# shellcheck disable=SC2086
+"$CXX" $KFLAGS $DISPATCH_DEFS -c "$ROOT/csrc/kernels/cpu/dispatch.cpp" -o "$OUT/dispatch.o"
+KOBJS="$KOBJS $OUT/dispatch.o"
+
 for target in fuzz_tar fuzz_index fuzz_decode; do
   echo "== building $target"
   # shellcheck disable=SC2086
-  "$CXX" $FLAGS "$ROOT/tests/fuzz/$target.cpp" $CORE -o "$OUT/$target" $JPEG_LIBS $PNG_LIBS
+  "$CXX" $FLAGS -I"$ROOT/csrc" "$ROOT/tests/fuzz/$target.cpp" $CORE $KOBJS -o "$OUT/$target" $JPEG_LIBS $PNG_LIBS
 done
 
 # Seed corpora: a real tar, a real index and small images, made by the Python helper if available.

@@ -13,10 +13,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
+#include "kernels/cpu/dispatch.h"
 #include "rng.h"
 
 #ifndef TORCHSPEED_WITH_JPEG
@@ -536,7 +533,7 @@ int choose_scale(DecodeScaling mode, bool is_jpeg, int have_w, int have_h, int n
 }
 
 // ---- Pillow-compatible bilinear resampling (Pillow's libImaging/Resample.c, 8 bits per channel).
-constexpr int kPrecisionBits = 32 - 8 - 2;
+constexpr int kPrecisionBits = kernels::cpu::kResamplePrecisionBits;
 
 double bilinear_filter(double x) {
   if (x < 0.0) x = -x;
@@ -589,104 +586,11 @@ Coeffs precompute_coeffs(int in_size, float in0, float in1, int out_size) {
   return c;
 }
 
-inline uint8_t clip8(int v) {
-  v >>= kPrecisionBits;
-  return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
-}
-
-// The two passes are compiled for AVX2 and for the baseline ISA (picked at load time by the
-// dynamic loader); integer sums are exact, so every variant gives identical pixels.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__clang__)
-#define TORCHSPEED_MULTIVERSION __attribute__((target_clones("avx2", "default")))
-#else
-#define TORCHSPEED_MULTIVERSION
-#endif
-
-// One output pixel of the horizontal pass (scalar reference).
-inline void horizontal_pixel(const uint8_t* row, const Coeffs& ch, int xx, uint8_t* o) {
-  const int xmin = ch.bounds[static_cast<size_t>(xx) * 2];
-  const int xmax = ch.bounds[static_cast<size_t>(xx) * 2 + 1];
-  const int* k = &ch.kk[static_cast<size_t>(xx) * ch.ksize];
-  int s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
-  const uint8_t* p = row + static_cast<size_t>(xmin) * 3;
-  for (int x = 0; x < xmax; ++x) {
-    s0 += p[3 * x] * k[x];
-    s1 += p[3 * x + 1] * k[x];
-    s2 += p[3 * x + 2] * k[x];
-  }
-  o[0] = clip8(s0);
-  o[1] = clip8(s1);
-  o[2] = clip8(s2);
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// SSE4.1: one 4-byte load per tap feeds all three channels (lane 3 is ignored). Pixels whose last
-// tap is the row's last pixel take the scalar path, so no load reads past a row's crop.
-__attribute__((target("sse4.1"))) void horizontal_row_sse41(const uint8_t* row, int src_w,
-                                                            const Coeffs& ch, int x0, int x1,
-                                                            uint8_t* out) {
-  const __m128i init = _mm_set1_epi32(1 << (kPrecisionBits - 1));
-  for (int xx = x0; xx < x1; ++xx) {
-    const int xmin = ch.bounds[static_cast<size_t>(xx) * 2];
-    const int xmax = ch.bounds[static_cast<size_t>(xx) * 2 + 1];
-    uint8_t* o = out + static_cast<size_t>(xx - x0) * 3;
-    if (xmin + xmax >= src_w) {
-      horizontal_pixel(row, ch, xx, o);
-      continue;
-    }
-    const int* k = &ch.kk[static_cast<size_t>(xx) * ch.ksize];
-    const uint8_t* p = row + static_cast<size_t>(xmin) * 3;
-    __m128i acc = init;
-    for (int x = 0; x < xmax; ++x) {
-      int32_t v;
-      std::memcpy(&v, p + 3 * x, 4);
-      const __m128i px = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(v));
-      acc = _mm_add_epi32(acc, _mm_mullo_epi32(px, _mm_set1_epi32(k[x])));
-    }
-    acc = _mm_srai_epi32(acc, kPrecisionBits);
-    const __m128i b8 = _mm_packus_epi16(_mm_packs_epi32(acc, acc), _mm_setzero_si128());
-    const uint32_t rgb = static_cast<uint32_t>(_mm_cvtsi128_si32(b8));
-    o[0] = static_cast<uint8_t>(rgb);
-    o[1] = static_cast<uint8_t>(rgb >> 8);
-    o[2] = static_cast<uint8_t>(rgb >> 16);
-  }
-}
-bool cpu_has_sse41() {
-  static const bool has = __builtin_cpu_supports("sse4.1");
-  return has;
-}
-#endif
-
-// One row of the horizontal pass: out[xx] for xx in [x0, x1) from an RGB source row.
-void horizontal_row(const uint8_t* row, int src_w, const Coeffs& ch, int x0, int x1, uint8_t* out) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (cpu_has_sse41()) {
-    horizontal_row_sse41(row, src_w, ch, x0, x1, out);
-    return;
-  }
-#endif
-  (void)src_w;
-  for (int xx = x0; xx < x1; ++xx)
-    horizontal_pixel(row, ch, xx, out + static_cast<size_t>(xx - x0) * 3);
-}
-
-// One output row of the vertical pass, accumulated row by row so the inner loop vectorizes.
-TORCHSPEED_MULTIVERSION
-void vertical_row(const uint8_t* tmp, size_t stride, int ymin, int ymax, const int* k, size_t n,
-                  int32_t* acc, uint8_t* out) {
-  for (size_t i = 0; i < n; ++i) acc[i] = 1 << (kPrecisionBits - 1);
-  for (int y = 0; y < ymax; ++y) {
-    const uint8_t* p = tmp + static_cast<size_t>(ymin + y) * stride;
-    const int32_t kv = k[y];
-    for (size_t i = 0; i < n; ++i) acc[i] += p[i] * kv;
-  }
-  for (size_t i = 0; i < n; ++i) out[i] = clip8(acc[i]);
-}
-
 void resample_strided(const uint8_t* src, int src_w, int src_h, size_t src_stride,
                       const float box[4], int dst_w, int dst_h, int win_x, int win_y, int win_w,
                       int win_h, uint8_t* out, std::vector<uint8_t>* scratch) {
+  // The passes run in the kernel layer, on the ISA the kernel table picked (TORCHSPEED_CPU_ISA).
+  const kernels::cpu::DataKernels& kernels = kernels::cpu::cpu_kernels().data;
   const bool need_h = dst_w != src_w || box[0] != 0 || box[2] != dst_w;
   const bool need_v = dst_h != src_h || box[1] != 0 || box[3] != dst_h;
   int r0 = win_y, r1 = win_y + win_h;
@@ -704,8 +608,9 @@ void resample_strided(const uint8_t* src, int src_w, int src_h, size_t src_strid
   if (need_h) {
     const Coeffs ch = precompute_coeffs(src_w, box[0], box[2], dst_w);
     for (int r = r0; r < r1; ++r) {
-      horizontal_row(src + static_cast<size_t>(r) * src_stride, src_w, ch, win_x, win_x + win_w,
-                     tmp + static_cast<size_t>(r - r0) * tstride);
+      kernels.resample_horizontal(src + static_cast<size_t>(r) * src_stride, src_w,
+                                  ch.bounds.data(), ch.kk.data(), ch.ksize, win_x, win_x + win_w,
+                                  tmp + static_cast<size_t>(r - r0) * tstride);
     }
   } else {
     for (int r = r0; r < r1; ++r) {
@@ -715,13 +620,11 @@ void resample_strided(const uint8_t* src, int src_w, int src_h, size_t src_strid
     }
   }
   if (need_v) {
-    thread_local std::vector<int32_t> acc;
-    acc.resize(tstride);
     for (int yy = win_y; yy < win_y + win_h; ++yy) {
-      vertical_row(tmp, tstride, cv.bounds[static_cast<size_t>(yy) * 2] - r0,
-                   cv.bounds[static_cast<size_t>(yy) * 2 + 1],
-                   &cv.kk[static_cast<size_t>(yy) * cv.ksize], tstride, acc.data(),
-                   out + static_cast<size_t>(yy - win_y) * tstride);
+      kernels.resample_vertical(tmp, tstride, cv.bounds[static_cast<size_t>(yy) * 2] - r0,
+                                cv.bounds[static_cast<size_t>(yy) * 2 + 1],
+                                &cv.kk[static_cast<size_t>(yy) * cv.ksize], tstride,
+                                out + static_cast<size_t>(yy - win_y) * tstride);
     }
   } else {
     std::memcpy(out, tmp, static_cast<size_t>(win_h) * tstride);

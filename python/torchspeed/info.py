@@ -6,6 +6,18 @@ import os
 import platform
 
 
+def cpu_model_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), or "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def collect() -> dict:
     import torch
 
@@ -13,15 +25,7 @@ def collect() -> dict:
     from torchspeed import _C
 
     built = dict(torchspeed.build_info)
-    cpu_model = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu_model = cpu_model_name()
     try:
         isa_now = _C.cpu_isa()
     except RuntimeError as e:  # a bad TORCHSPEED_CPU_ISA

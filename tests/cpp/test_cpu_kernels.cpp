@@ -1,5 +1,6 @@
 // Torch-free tests of the CPU kernel layer: every ISA this CPU can run, against double-precision
 // references computed here, at lengths that exercise the vector body, the 4x unroll and the tail.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -73,15 +74,15 @@ TEST_CASE("grad_stats matches a double reference on every ISA and dtype") {
       INFO("isa " << table->name << " n " << n);
       std::vector<float> f32 = src;
       GradStatsPartial out{};
-      table->grad_stats(DType::kFloat, f32.data(), n, nullptr, &out);
+      table->optim.grad_stats(DType::kFloat, f32.data(), n, nullptr, &out);
       CHECK(out.sumsq == Approx(ref_read).epsilon(1e-6));
       CHECK_FALSE(out.nonfinite);
-      table->grad_stats(DType::kFloat, f32.data(), n, &inv, &out);
+      table->optim.grad_stats(DType::kFloat, f32.data(), n, &inv, &out);
       CHECK(out.sumsq == Approx(ref_unscaled).epsilon(1e-6));
       for (int64_t i = 0; i < n; ++i) REQUIRE(f32[i] == src[i] * inv);
 
       std::vector<double> f64(src.begin(), src.end());
-      table->grad_stats(DType::kDouble, f64.data(), n, nullptr, &out);
+      table->optim.grad_stats(DType::kDouble, f64.data(), n, nullptr, &out);
       CHECK(out.sumsq == Approx(ref_read).epsilon(1e-12));
 
       std::vector<bf16> b16(src.size());
@@ -91,7 +92,7 @@ TEST_CASE("grad_stats matches a double reference on every ISA and dtype") {
         const float u = to_float(b16[i]) * inv;
         ref_b16 += double(u) * double(u);
       }
-      table->grad_stats(DType::kBFloat16, b16.data(), n, &inv, &out);
+      table->optim.grad_stats(DType::kBFloat16, b16.data(), n, &inv, &out);
       CHECK(out.sumsq == Approx(ref_b16).epsilon(1e-6));
       for (size_t i = 0; i < src.size(); ++i) {
         REQUIRE(b16[i].bits == to_bf16(to_float(to_bf16(src[i])) * inv).bits);
@@ -99,7 +100,7 @@ TEST_CASE("grad_stats matches a double reference on every ISA and dtype") {
 
       std::vector<fp16> h16(src.size());
       for (size_t i = 0; i < src.size(); ++i) h16[i] = to_fp16(src[i]);
-      table->grad_stats(DType::kHalf, h16.data(), n, &inv, &out);
+      table->optim.grad_stats(DType::kHalf, h16.data(), n, &inv, &out);
       for (size_t i = 0; i < src.size(); ++i) {
         REQUIRE(h16[i].bits == to_fp16(to_float(to_fp16(src[i])) * inv).bits);
       }
@@ -114,7 +115,7 @@ TEST_CASE("grad_stats flags inf and NaN wherever they are") {
         std::vector<float> v(100, 1.f);
         v[static_cast<size_t>(pos)] = bad;
         GradStatsPartial out{};
-        table->grad_stats(DType::kFloat, v.data(), 100, nullptr, &out);
+        table->optim.grad_stats(DType::kFloat, v.data(), 100, nullptr, &out);
         INFO("isa " << table->name << " pos " << pos << " value " << bad);
         CHECK(out.nonfinite);
       }
@@ -137,7 +138,7 @@ TEST_CASE("adam kernel matches a double reference of torch's formula on every IS
     std::vector<float> p2 = p, m2 = m, v2 = v;
     OptimChunk c{p2.data(), DType::kFloat, nullptr, g.data(), DType::kFloat, m2.data(), v2.data(),
                  nullptr,   nullptr,       nullptr, n};
-    table->adam(c, s, nullptr, nullptr);
+    table->optim.adam(c, s, nullptr, nullptr);
     for (int64_t i = 0; i < n; ++i) {
       const double gi = double(g[i]) * 0.5;
       double pi = double(p[i]) * (1 - 1e-3 * 0.01);
@@ -147,6 +148,91 @@ TEST_CASE("adam kernel matches a double reference of torch's formula on every IS
       REQUIRE(m2[i] == Approx(mi).epsilon(1e-5).margin(1e-7));
       REQUIRE(v2[i] == Approx(vi).epsilon(1e-5).margin(1e-9));
       REQUIRE(p2[i] == Approx(pi).epsilon(1e-6).margin(1e-6));
+    }
+  }
+}
+
+namespace {
+
+// The resampler's arithmetic written out in int64: sum of taps, plus half, shifted, clamped.
+uint8_t reference_tap_sum(const std::vector<int64_t>& values, const int* k) {
+  int64_t s = int64_t{1} << (kResamplePrecisionBits - 1);
+  for (size_t t = 0; t < values.size(); ++t) s += values[t] * k[t];
+  s >>= kResamplePrecisionBits;
+  return static_cast<uint8_t>(s < 0 ? 0 : (s > 255 ? 255 : s));
+}
+
+// Random taps: `count` weights around 1/count in fixed point, a quarter of them negated, so that
+// sums leave [0, 255] both ways and the clamp is exercised. |sum| stays below 2^31 (the kernels'
+// int32 range): 255 * count * (2^22 / count + 2^18) < 1.6e9 for count <= 7.
+std::vector<int> random_weights(std::mt19937& gen, int count) {
+  std::uniform_int_distribution<int> jitter(-(1 << 18), 1 << 18);
+  std::vector<int> k(static_cast<size_t>(count));
+  for (auto& w : k) {
+    w = (1 << kResamplePrecisionBits) / count + jitter(gen);
+    if (gen() % 4 == 0) w = -w;
+  }
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("resampler passes equal an int64 reference on every ISA, bytes identical") {
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (const CpuKernelTable* table : runnable_tables()) {
+    for (int src_w : {1, 5, 37, 300}) {
+      // Horizontal: every output pixel has its own (first, count) window inside the row.
+      std::vector<uint8_t> row(static_cast<size_t>(src_w) * 3);
+      for (auto& b : row) b = static_cast<uint8_t>(byte(gen));
+      const int out_w = 41, ksize = std::min(src_w, 7);
+      std::vector<int> bounds, kk(static_cast<size_t>(out_w * ksize), 0);
+      for (int xx = 0; xx < out_w; ++xx) {
+        const int count = 1 + static_cast<int>(gen() % static_cast<uint32_t>(ksize));
+        const int first = static_cast<int>(gen() % static_cast<uint32_t>(src_w - count + 1));
+        bounds.push_back(first);
+        bounds.push_back(count);
+        const auto w = random_weights(gen, count);
+        std::copy(w.begin(), w.end(), kk.begin() + static_cast<ptrdiff_t>(xx * ksize));
+      }
+      for (int x0 : {0, 3}) {
+        std::vector<uint8_t> out(static_cast<size_t>(out_w - x0) * 3);
+        table->data.resample_horizontal(row.data(), src_w, bounds.data(), kk.data(), ksize, x0,
+                                        out_w, out.data());
+        for (int xx = x0; xx < out_w; ++xx) {
+          const int first = bounds[static_cast<size_t>(xx) * 2];
+          const int count = bounds[static_cast<size_t>(xx) * 2 + 1];
+          for (int c = 0; c < 3; ++c) {
+            std::vector<int64_t> v;
+            for (int t = 0; t < count; ++t)
+              v.push_back(row[static_cast<size_t>(first + t) * 3 + c]);
+            INFO("isa " << table->name << " src_w " << src_w << " xx " << xx << " c " << c);
+            REQUIRE(out[static_cast<size_t>(xx - x0) * 3 + c] ==
+                    reference_tap_sum(v, &kk[static_cast<size_t>(xx * ksize)]));
+          }
+        }
+      }
+    }
+    // Vertical: lengths around every vector width, a stride wider than the row.
+    for (size_t n : {1u, 7u, 8u, 15u, 16u, 17u, 33u, 672u}) {
+      const size_t stride = n + 5;
+      const int rows = 9;
+      std::vector<uint8_t> img(stride * rows);
+      for (auto& b : img) b = static_cast<uint8_t>(byte(gen));
+      for (int first : {0, 2}) {
+        for (int count : {1, 3, 7}) {
+          const auto k = random_weights(gen, count);
+          std::vector<uint8_t> out(n);
+          table->data.resample_vertical(img.data(), stride, first, count, k.data(), n, out.data());
+          for (size_t i = 0; i < n; ++i) {
+            std::vector<int64_t> v;
+            for (int y = 0; y < count; ++y)
+              v.push_back(img[static_cast<size_t>(first + y) * stride + i]);
+            INFO("isa " << table->name << " n " << n << " i " << i << " count " << count);
+            REQUIRE(out[i] == reference_tap_sum(v, k.data()));
+          }
+        }
+      }
     }
   }
 }

@@ -719,3 +719,19 @@ def test_random_jpeg_sof_headers_decode_or_raise_cleanly(
         D.process_image(data, o, 0, 0, 0)
     except (RuntimeError, ValueError) as e:
         assert "torchspeed.data" in str(e)
+
+
+def test_resample_is_byte_identical_on_every_cpu_isa(monkeypatch):
+    # The resampler runs in the CPU kernel table, so TORCHSPEED_CPU_ISA picks its path too; the
+    # integer arithmetic must give the same bytes on each (ISAs this CPU lacks are skipped).
+    arr = textured(333, 250, seed=9)
+    outs = {}
+    for isa in ("scalar", "avx2", "avx512"):
+        monkeypatch.setenv("TORCHSPEED_CPU_ISA", isa)
+        try:
+            outs[isa] = D.resample_bilinear(torch.from_numpy(arr), [7.5, 3, 320, 241], 97, 131)
+        except RuntimeError as e:
+            assert "TORCHSPEED_CPU_ISA" in str(e) or isa in str(e), e
+    assert "scalar" in outs
+    for isa, out in outs.items():
+        assert torch.equal(out, outs["scalar"]), isa

@@ -5,6 +5,10 @@
 #include <cstring>
 #include <stdexcept>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 namespace torchspeed::kernels::cpu {
 
 // Defined by isa_scalar.cpp / isa_avx2.cpp / isa_avx512.cpp; the vector ones only on x86-64.
@@ -18,6 +22,14 @@ const CpuKernelTable* cpu_kernels_avx512();
 
 namespace {
 
+#if defined(__x86_64__) || defined(__i386__)
+// F16C from cpuid directly: clang's __builtin_cpu_supports does not know "f16c".
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+#endif
+
 Isa detect() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -25,8 +37,7 @@ Isa detect() {
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
     return Isa::kAvx512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) {
     return Isa::kAvx2;
   }
 #endif

@@ -4,6 +4,7 @@
 // torch-aware code alike without the ODR trap described in vec.h.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace torchspeed::kernels::cpu {
@@ -84,16 +85,43 @@ struct OptimScalars {
 using OptimFn = void (*)(const OptimChunk& chunk, const OptimScalars& s, double* param_sumsq,
                          double* update_sumsq);
 
-/// Every CPU kernel of one ISA. One instance per ISA unit; see dispatch.h for the choice.
-struct CpuKernelTable {
-  Isa isa;
-  const char* name;
+// ---- Data: the image resampler (resample.h) -----------------------------------------------------
+
+/// Fraction bits of the resampler's fixed-point weights (Pillow's PRECISION_BITS).
+constexpr int kResamplePrecisionBits = 32 - 8 - 2;
+
+/// Horizontal pass over one RGB row; see resample_horizontal_row.
+using ResampleHorizontalFn = void (*)(const uint8_t* row, int src_w, const int* bounds,
+                                      const int* kk, int ksize, int x0, int x1, uint8_t* out);
+/// Vertical pass for one output row; see resample_vertical_row.
+using ResampleVerticalFn = void (*)(const uint8_t* rows, size_t stride, int first, int count,
+                                    const int* k, size_t n, uint8_t* out);
+
+// ---- The table ----------------------------------------------------------------------------------
+
+/// The optimizer area's kernels (torchspeed.optim, torchspeed.ops.grad_stats).
+struct OptimKernels {
   GradStatsFn grad_stats;
   OptimFn adam;
   OptimFn sgd;
   OptimFn lion;
   OptimFn lamb_phase1;  // updates the moments, returns ||param||^2 and ||update||^2
   OptimFn lamb_phase2;  // recomputes the update from the new moments, applies step_size * it
+};
+
+/// The data area's kernels (torchspeed.data's image transforms).
+struct DataKernels {
+  ResampleHorizontalFn resample_horizontal;
+  ResampleVerticalFn resample_vertical;
+};
+
+/// Every CPU kernel of one ISA, grouped per area. One instance per ISA unit; see dispatch.h for
+/// the choice (TORCHSPEED_CPU_ISA applies to all of them).
+struct CpuKernelTable {
+  Isa isa;
+  const char* name;
+  OptimKernels optim;
+  DataKernels data;
 };
 
 }  // namespace torchspeed::kernels::cpu

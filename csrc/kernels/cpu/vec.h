@@ -1,5 +1,6 @@
-// SIMD vector of float lanes, one specialisation per ISA; every CPU kernel template is written
-// against this interface and instantiated once per ISA in its own translation unit.
+// SIMD vectors of float lanes and of int32 lanes (`V::I32`), one specialisation per ISA; every CPU
+// kernel template is written against this interface and instantiated once per ISA in its own
+// translation unit.
 //
 // Torch-free on purpose: the ISA translation units are compiled with -mavx2/-mavx512f, and any
 // inline function they share with the rest of the library could be emitted with those
@@ -97,11 +98,86 @@ inline fp16 from_float<fp16>(float f) {
   return to_fp16(f);
 }
 
+// ---- int32 lanes: exact fixed-point arithmetic (the image resampler; next, int8 kernels) --------
+// load_u8 widens kWidth bytes; + and * wrap like int32 SIMD (callers keep sums in range); sra is
+// an arithmetic right shift; store_u8_saturate clamps each lane to [0, 255] and narrows.
+
+/// One int32 lane: the scalar ISA, and the tail of every integer vector loop.
+struct ScalarVecI32 {
+  static constexpr int kWidth = 1;
+  int32_t v;
+  ScalarVecI32() = default;
+  explicit ScalarVecI32(int32_t x) : v(x) {}
+  static ScalarVecI32 load_u8(const uint8_t* p) { return ScalarVecI32(p[0]); }
+  friend ScalarVecI32 operator+(ScalarVecI32 a, ScalarVecI32 b) { return ScalarVecI32(a.v + b.v); }
+  friend ScalarVecI32 operator*(ScalarVecI32 a, ScalarVecI32 b) { return ScalarVecI32(a.v * b.v); }
+  friend ScalarVecI32 sra(ScalarVecI32 a, int bits) { return ScalarVecI32(a.v >> bits); }
+  void store_u8_saturate(uint8_t* p) const {
+    p[0] = static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+  }
+};
+
+#if defined(__AVX2__)
+/// 8 int32 lanes (AVX2).
+struct VecAvx2I32 {
+  static constexpr int kWidth = 8;
+  __m256i v;
+  VecAvx2I32() = default;
+  explicit VecAvx2I32(int32_t x) : v(_mm256_set1_epi32(x)) {}
+  explicit VecAvx2I32(__m256i x) : v(x) {}
+  static VecAvx2I32 load_u8(const uint8_t* p) {
+    return VecAvx2I32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  friend VecAvx2I32 operator+(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_add_epi32(a.v, b.v));
+  }
+  friend VecAvx2I32 operator*(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_mullo_epi32(a.v, b.v));
+  }
+  friend VecAvx2I32 sra(VecAvx2I32 a, int bits) {
+    return VecAvx2I32(_mm256_sra_epi32(a.v, _mm_cvtsi32_si128(bits)));
+  }
+  void store_u8_saturate(uint8_t* p) const {
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
+  }
+};
+#endif
+
+#if defined(__AVX512F__)
+/// 16 int32 lanes (AVX-512 F).
+struct VecAvx512I32 {
+  static constexpr int kWidth = 16;
+  __m512i v;
+  VecAvx512I32() = default;
+  explicit VecAvx512I32(int32_t x) : v(_mm512_set1_epi32(x)) {}
+  explicit VecAvx512I32(__m512i x) : v(x) {}
+  static VecAvx512I32 load_u8(const uint8_t* p) {
+    return VecAvx512I32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  friend VecAvx512I32 operator+(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_add_epi32(a.v, b.v));
+  }
+  friend VecAvx512I32 operator*(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_mullo_epi32(a.v, b.v));
+  }
+  friend VecAvx512I32 sra(VecAvx512I32 a, int bits) {
+    return VecAvx512I32(_mm512_sra_epi32(a.v, _mm_cvtsi32_si128(bits)));
+  }
+  void store_u8_saturate(uint8_t* p) const {
+    // Negative lanes to 0 first: the narrowing saturates as unsigned.
+    const __m512i c = _mm512_max_epi32(v, _mm512_setzero_si512());
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtusepi32_epi8(c));
+  }
+};
+#endif
+
 /// Scalar "vector" of one lane, over float or double. The tail of every vector loop and the whole
 /// scalar ISA use it, so the tail computes exactly what the vector body computes per lane.
 template <typename F>
 struct ScalarVec {
   using Scalar = ScalarVec<F>;
+  using I32 = ScalarVecI32;
   static constexpr int kWidth = 1;
   F v;
   ScalarVec() = default;
@@ -143,6 +219,7 @@ struct ScalarVec {
 /// 8 fp32 lanes (AVX2 + FMA + F16C).
 struct VecAvx2 {
   using Scalar = ScalarVec<float>;  // the tail loops' type
+  using I32 = VecAvx2I32;
   static constexpr int kWidth = 8;
   __m256 v;
   VecAvx2() = default;
@@ -209,6 +286,7 @@ struct VecAvx2 {
 /// 16 fp32 lanes (AVX-512 F/BW/VL/DQ).
 struct VecAvx512 {
   using Scalar = ScalarVec<float>;  // the tail loops' type
+  using I32 = VecAvx512I32;
   static constexpr int kWidth = 16;
   __m512 v;
   VecAvx512() = default;

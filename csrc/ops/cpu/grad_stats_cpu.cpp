@@ -33,8 +33,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_impl(const char* op,
   parallel_over_chunks(chunks, [&](const Chunk& c, size_t i) {
     const at::Tensor& t = work[c.tensor];
     char* base = static_cast<char*>(t.data_ptr()) + c.begin * t.element_size();
-    table.grad_stats(kernel_dtype(t.scalar_type()), base, c.length, inv_scale ? &scale : nullptr,
-                     &partials[i]);
+    table.optim.grad_stats(kernel_dtype(t.scalar_type()), base, c.length,
+                           inv_scale ? &scale : nullptr, &partials[i]);
   });
 
   // Fixed-order reduction: the result does not depend on the thread count.

@@ -129,16 +129,16 @@ void run_step(const StepArgs& a, OptimScalars base) {
   OptimFn fn = nullptr;
   switch (a.algo) {
     case Algo::kAdam:
-      fn = table.adam;
+      fn = table.optim.adam;
       break;
     case Algo::kSgd:
-      fn = table.sgd;
+      fn = table.optim.sgd;
       break;
     case Algo::kLion:
-      fn = table.lion;
+      fn = table.optim.lion;
       break;
     case Algo::kLamb:
-      fn = table.lamb_phase1;
+      fn = table.optim.lamb_phase1;
       break;
   }
   if (a.algo != Algo::kLamb) {
@@ -164,7 +164,7 @@ void run_step(const StepArgs& a, OptimScalars base) {
     scalars[i].step_size = static_cast<float>(lr * trust);
   }
   parallel_over_chunks(chunks, [&](const Chunk& c, size_t) {
-    table.lamb_phase2(make_chunk(a, grads, c), scalars[c.tensor], nullptr, nullptr);
+    table.optim.lamb_phase2(make_chunk(a, grads, c), scalars[c.tensor], nullptr, nullptr);
   });
 }
 

@@ -55,16 +55,9 @@ def time_fn(
 
 def machine_info(device: str = "cpu") -> Dict:
     import torchspeed
+    from torchspeed.info import cpu_model_name
 
-    cpu_model = platform.processor()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu_model = cpu_model_name() or platform.processor()
     info = {
         "cpu_model": cpu_model,
         "cores": os.cpu_count(),
