@@ -7,6 +7,7 @@
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -298,8 +299,24 @@ struct Loader::Impl {
     b->valid_rows = dst;
   }
 
+  // The process that started the worker threads. A forked child (torch DataLoader workers,
+  // multiprocessing) inherits the object but not the threads: it must neither use nor join them.
+  // Read without the mutex, which a parent thread may have held at fork time. 0: no threads.
+  std::atomic<pid_t> threads_pid{0};
+  bool forked_away() const {
+    const pid_t p = threads_pid.load();
+    return p != 0 && p != getpid();
+  }
+  void check_not_forked() const {
+    TORCH_CHECK(!forked_away(),
+                "torchspeed.data.Loader: this loader's worker threads run in process ",
+                threads_pid.load(), "; it cannot be used in the forked process ", getpid(),
+                " (create the loader in the process that iterates it)");
+  }
+
   void start_threads_locked() {
     if (!threads.empty()) return;
+    threads_pid = getpid();
     stop = false;
     const int n = std::max(1, opt.num_workers);
     for (int i = 0; i < n; ++i) threads.emplace_back([this] { worker_loop(); });
@@ -315,6 +332,7 @@ struct Loader::Impl {
   }
 
   void start_epoch() {
+    check_not_forked();
     std::unique_lock<std::mutex> lk(mu);
     if (!fatal.empty()) TORCH_CHECK(false, fatal);
     drain_locked(lk);
@@ -351,6 +369,7 @@ struct Loader::Impl {
   // One attempt to deliver the next batch within max_wait_s seconds.
   bool next_for(double max_wait_s, Batch* out, bool* end) {
     *end = false;
+    check_not_forked();
     std::unique_lock<std::mutex> lk(mu);
     if (!in_epoch) {
       lk.unlock();
@@ -457,6 +476,7 @@ struct Loader::Impl {
   }
 
   void shutdown() {
+    if (forked_away()) return;  // the threads are the parent's
     std::unique_lock<std::mutex> lk(mu);
     if (threads.empty()) return;
     drain_locked(lk);
@@ -466,6 +486,7 @@ struct Loader::Impl {
     threads.clear();
     lk.unlock();
     for (auto& t : ts) t.join();
+    threads_pid = 0;
     lk.lock();
     stop = false;
     // An unfinished epoch stays current: next() restarts the threads and continues from the
@@ -520,6 +541,12 @@ Loader::Loader(std::shared_ptr<Source> source, LoaderOptions options)
 }
 
 Loader::~Loader() {
+  // In a forked child the threads, and any waiter on the condition variables, exist only in the
+  // parent: joining or destroying them would hang, so the child leaves the object alone.
+  if (impl_->forked_away()) {
+    (void)impl_.release();
+    return;
+  }
   try {
     impl_->shutdown();
   } catch (...) {
@@ -566,6 +593,7 @@ int64_t batches_for(int64_t samples, const LoaderOptions& o) {
 
 void Loader::set_epoch(int64_t epoch) {
   check_epoch(epoch, "Loader.set_epoch");
+  impl_->check_not_forked();
   std::lock_guard<std::mutex> g(impl_->mu);
   // During an epoch (torch: inside the batch loop) it sets the next epoch and the current one
   // runs to its end; between epochs it sets the coming one.
@@ -670,6 +698,7 @@ void Loader::load_state_dict(const std::map<std::string, int64_t>& state) {
   const int64_t skipped = get("skipped");
   TORCH_CHECK_VALUE(skipped >= 0, op, ": skipped must be >= 0, got ", skipped);
 
+  impl_->check_not_forked();
   std::unique_lock<std::mutex> lk(impl_->mu);
   impl_->drain_locked(lk);
   impl_->epoch = epoch;

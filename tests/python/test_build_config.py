@@ -136,8 +136,13 @@ def test_jpeg_decode_in_a_jpeg_off_build_names_the_option(tmp_path):
         "-DTORCHSPEED_WITH_JPEG=0",
         f"-I{ROOT / 'include'}",
         f"-I{ROOT / 'csrc' / 'data'}",
+        f"-I{ROOT / 'csrc'}",
+        # The resampler runs in the CPU kernel layer: its scalar unit and the dispatcher.
+        "-DTORCHSPEED_CPU_ISA_NAMESPACE=isa_scalar",
         str(ROOT / "tests" / "build_config" / "decode_without_jpeg.cpp"),
         str(ROOT / "csrc" / "data" / "image.cpp"),
+        str(ROOT / "csrc" / "kernels" / "cpu" / "isa_scalar.cpp"),
+        str(ROOT / "csrc" / "kernels" / "cpu" / "dispatch.cpp"),
         "-o",
         str(exe),
         *png_flags,

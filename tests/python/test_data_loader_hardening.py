@@ -337,3 +337,37 @@ def test_bad_loader_arguments_raise_like_torch(kw, error, message, torch_too):
     if torch_too:
         with pytest.raises(ValueError):
             torch.utils.data.DataLoader(list(range(N)), **kw)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_can_drop_but_not_use_a_loader_whose_threads_run_in_the_parent():
+    # torch DataLoader workers and multiprocessing fork the process: a torchspeed loader with
+    # running threads is inherited without them. Dropping it in the child (GC) used to hang in
+    # pthread_cond_destroy; using it must raise, not wait forever.
+    dl = tensor_loader()
+    it = iter(dl)
+    next(it)
+    pid = os.fork()
+    if pid == 0:  # child: exit code 0 only if both behave
+        code = 1
+        try:
+            try:
+                next(it)
+            except RuntimeError as e:
+                code = 0 if "forked process" in str(e) else 2
+            del it, dl
+            gc.collect()
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the inherited loader")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert len(list(it)) == len(dl) - 1  # the parent's loader is unaffected
