@@ -7,21 +7,21 @@
 
 #include <string>
 
-#include "kernels/cpu/types.h"
+#include "kernels/common/optim_types.h"
 
 namespace torchspeed::ops {
 
 /// The kernel layer's dtype for a tensor the kernels accept (float32/64, bfloat16, float16).
-inline kernels::cpu::DType kernel_dtype(at::ScalarType t) {
+inline kernels::DType kernel_dtype(at::ScalarType t) {
   switch (t) {
     case at::kDouble:
-      return kernels::cpu::DType::kDouble;
+      return kernels::DType::kDouble;
     case at::kBFloat16:
-      return kernels::cpu::DType::kBFloat16;
+      return kernels::DType::kBFloat16;
     case at::kHalf:
-      return kernels::cpu::DType::kHalf;
+      return kernels::DType::kHalf;
     default:
-      return kernels::cpu::DType::kFloat;
+      return kernels::DType::kFloat;
   }
 }
 
@@ -29,13 +29,11 @@ inline bool is_kernel_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
 }
 
-/// Checks a list of tensors an op reads or updates: non-empty (unless allow_empty), dense,
+/// Checks a list of tensors an op reads or updates: non-empty, dense,
 /// float32/float64/bfloat16/float16, all on one device. Returns that device.
-inline at::Device check_float_tensor_list(const char* op, const char* arg, at::TensorList list,
-                                          bool allow_empty = false) {
-  TORCH_CHECK(allow_empty || !list.empty(), "torchspeed.", op, ": ", arg,
+inline at::Device check_float_tensor_list(const char* op, const char* arg, at::TensorList list) {
+  TORCH_CHECK(!list.empty(), "torchspeed.", op, ": ", arg,
               " must be a non-empty list of tensors, got an empty list");
-  if (list.empty()) return at::Device(at::kCPU);
   const at::Device device = list[0].device();
   for (size_t i = 0; i < list.size(); ++i) {
     const at::Tensor& t = list[i];

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ops/checks.h"
+#include "torchspeed/ops/optim.h"
 
 namespace torchspeed::ops {
 
@@ -20,7 +21,6 @@ struct NamedList {
   const char* name;
   at::TensorList list;
   bool optional;
-  bool is_mask = false;  // masks are read-only float32
 };
 
 inline bool is_param_dtype(at::ScalarType t) {
@@ -40,12 +40,10 @@ inline at::Tensor grad_like_param(const at::Tensor& g, const at::Tensor& p) {
   return at::empty_like(p, p.options().dtype(g.scalar_type())).copy_(g);
 }
 
-/// Validates params, grads, the float32 state lists, steps and the scalar tensors of one step.
+/// Validates params, grads and the float32 state lists of one step.
 /// Returns the params' device.
-inline at::Device check_optim_args(
-    const char* op, at::TensorList params, at::TensorList grads,
-    std::initializer_list<NamedList> state,
-    std::initializer_list<std::pair<const char*, const std::optional<at::Tensor>*>> scalars) {
+inline at::Device check_optim_args(const char* op, at::TensorList params, at::TensorList grads,
+                                   std::initializer_list<NamedList> state) {
   TORCH_CHECK(!params.empty(), "torchspeed.", op,
               ": params must be a non-empty list of tensors, got an empty list");
   const at::Device device = params[0].device();
@@ -98,9 +96,6 @@ inline at::Device check_optim_args(
                   params[i].sym_sizes(), " strides ", params[i].sym_strides());
     }
   }
-  for (const auto& [name, t] : scalars) {
-    if (t->has_value()) check_scalar_tensor(op, name, **t, device);
-  }
   return device;
 }
 
@@ -135,8 +130,6 @@ inline void check_masks(const char* op, at::TensorList params, at::TensorList ma
   }
 }
 
-using OptTensor = std::optional<at::Tensor>;
-
 /// True when two tensors the op writes share memory: a param listed twice (tied weights collected
 /// by hand), or params that are views of one storage. The chunks of one call run in parallel, so
 /// the CPU and CUDA ops then update the params one after the other in list order, which is what
@@ -162,82 +155,65 @@ inline bool writes_overlap(std::initializer_list<at::TensorList> lists) {
 
 // One validator per op, with the op's own argument names; CPU, CUDA and Meta call them first.
 
-inline void validate_adam_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                               at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                               at::TensorList masters, at::TensorList steps, at::TensorList masks,
-                               at::TensorList emas, bool amsgrad, const OptTensor& lr_tensor,
-                               const OptTensor& grad_scale, const OptTensor& found_inf,
-                               const OptTensor& clip_coef) {
-  const char* op = "adam_step_";
-  const at::Device device = check_optim_args(op, params, grads,
-                                             {{"exp_avgs", exp_avgs, false},
-                                              {"exp_avg_sqs", exp_avg_sqs, false},
-                                              {"max_exp_avg_sqs", max_exp_avg_sqs, !amsgrad},
-                                              {"masters", masters, true},
-                                              {"emas", emas, true}},
-                                             {{"lr_tensor", &lr_tensor},
-                                              {"grad_scale", &grad_scale},
-                                              {"found_inf", &found_inf},
-                                              {"clip_coef", &clip_coef}});
-  check_steps(op, steps, params.size(), device);
-  check_masks(op, params, masks);
+/// The scalar tensors every fused step takes (lr_tensor, grad_scale, found_inf, clip_coef).
+template <class Args>
+inline void check_step_scalars(const char* op, const Args& a, const at::Device& device) {
+  const std::pair<const char*, const OptTensor*> scalars[] = {{"lr_tensor", &a.lr_tensor},
+                                                              {"grad_scale", &a.grad_scale},
+                                                              {"found_inf", &a.found_inf},
+                                                              {"clip_coef", &a.clip_coef}};
+  for (const auto& [name, t] : scalars) {
+    if (t->has_value()) check_scalar_tensor(op, name, **t, device);
+  }
 }
 
-inline void validate_sgd_step(at::TensorList params, at::TensorList grads,
-                              at::TensorList momentum_buffers, at::TensorList masters,
-                              at::TensorList masks, at::TensorList emas, double momentum,
-                              double dampening, bool nesterov, const OptTensor& lr_tensor,
-                              const OptTensor& grad_scale, const OptTensor& found_inf,
-                              const OptTensor& clip_coef) {
-  const char* op = "sgd_step_";
-  check_optim_args(op, params, grads,
-                   {{"momentum_buffers", momentum_buffers, momentum == 0.0},
-                    {"masters", masters, true},
-                    {"emas", emas, true}},
-                   {{"lr_tensor", &lr_tensor},
-                    {"grad_scale", &grad_scale},
-                    {"found_inf", &found_inf},
-                    {"clip_coef", &clip_coef}});
-  check_masks(op, params, masks);
-  TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "torchspeed.", op,
-              ": nesterov requires momentum > 0 and dampening == 0, got momentum ", momentum,
-              " and dampening ", dampening);
+inline void validate(const AdamStepArgs& a) {
+  const char* op = AdamStepArgs::kName;
+  const at::Device device = check_optim_args(op, a.params, a.grads,
+                                             {{"exp_avgs", a.exp_avgs, false},
+                                              {"exp_avg_sqs", a.exp_avg_sqs, false},
+                                              {"max_exp_avg_sqs", a.max_exp_avg_sqs, !a.amsgrad},
+                                              {"masters", a.masters, true},
+                                              {"emas", a.emas, true}});
+  check_step_scalars(op, a, device);
+  check_steps(op, a.steps, a.params.size(), device);
+  check_masks(op, a.params, a.masks);
 }
 
-inline void validate_lion_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                               at::TensorList masters, at::TensorList steps, at::TensorList masks,
-                               at::TensorList emas, const OptTensor& lr_tensor,
-                               const OptTensor& grad_scale, const OptTensor& found_inf,
-                               const OptTensor& clip_coef) {
-  const char* op = "lion_step_";
+inline void validate(const SgdStepArgs& a) {
+  const char* op = SgdStepArgs::kName;
+  const at::Device device =
+      check_optim_args(op, a.params, a.grads,
+                       {{"momentum_buffers", a.momentum_buffers, a.momentum == 0.0},
+                        {"masters", a.masters, true},
+                        {"emas", a.emas, true}});
+  check_step_scalars(op, a, device);
+  check_masks(op, a.params, a.masks);
+  TORCH_CHECK(!a.nesterov || (a.momentum > 0 && a.dampening == 0), "torchspeed.", op,
+              ": nesterov requires momentum > 0 and dampening == 0, got momentum ", a.momentum,
+              " and dampening ", a.dampening);
+}
+
+inline void validate(const LionStepArgs& a) {
+  const char* op = LionStepArgs::kName;
   const at::Device device = check_optim_args(
-      op, params, grads,
-      {{"exp_avgs", exp_avgs, false}, {"masters", masters, true}, {"emas", emas, true}},
-      {{"lr_tensor", &lr_tensor},
-       {"grad_scale", &grad_scale},
-       {"found_inf", &found_inf},
-       {"clip_coef", &clip_coef}});
-  check_steps(op, steps, params.size(), device);
-  check_masks(op, params, masks);
+      op, a.params, a.grads,
+      {{"exp_avgs", a.exp_avgs, false}, {"masters", a.masters, true}, {"emas", a.emas, true}});
+  check_step_scalars(op, a, device);
+  check_steps(op, a.steps, a.params.size(), device);
+  check_masks(op, a.params, a.masks);
 }
 
-inline void validate_lamb_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                               at::TensorList exp_avg_sqs, at::TensorList masters,
-                               at::TensorList steps, at::TensorList masks, at::TensorList emas,
-                               const OptTensor& lr_tensor, const OptTensor& grad_scale,
-                               const OptTensor& found_inf, const OptTensor& clip_coef) {
-  const char* op = "lamb_step_";
-  const at::Device device = check_optim_args(op, params, grads,
-                                             {{"exp_avgs", exp_avgs, false},
-                                              {"exp_avg_sqs", exp_avg_sqs, false},
-                                              {"masters", masters, true},
-                                              {"emas", emas, true}},
-                                             {{"lr_tensor", &lr_tensor},
-                                              {"grad_scale", &grad_scale},
-                                              {"found_inf", &found_inf},
-                                              {"clip_coef", &clip_coef}});
-  check_steps(op, steps, params.size(), device);
-  check_masks(op, params, masks);
+inline void validate(const LambStepArgs& a) {
+  const char* op = LambStepArgs::kName;
+  const at::Device device = check_optim_args(op, a.params, a.grads,
+                                             {{"exp_avgs", a.exp_avgs, false},
+                                              {"exp_avg_sqs", a.exp_avg_sqs, false},
+                                              {"masters", a.masters, true},
+                                              {"emas", a.emas, true}});
+  check_step_scalars(op, a, device);
+  check_steps(op, a.steps, a.params.size(), device);
+  check_masks(op, a.params, a.masks);
 }
 
 }  // namespace torchspeed::ops

@@ -1,7 +1,6 @@
 // torchspeed::optim::{Adam, AdamW, SGD, Lion, LAMB}: torch::optim::Optimizer subclasses whose step
 // calls the fused torchspeed::*_step_ ops through the dispatcher (CPU or CUDA by the params'
 // device).
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/serialize/archive.h>
 #include <torch/utils.h>
 
@@ -250,6 +249,15 @@ void commit(Optimizer& self, Staged& staged) {
 // One prepared op call: run(true) only validates its arguments, run(false) runs the op.
 using Call = std::function<void(bool validate_only)>;
 
+template <class Args>
+void run_or_validate(const Args& a, bool validate_only) {
+  if (validate_only) {
+    ops::validate(a);
+  } else {
+    op_args::call(a);
+  }
+}
+
 at::Tensor zero_step(const at::Tensor& p) { return at::zeros({}, p.options().dtype(at::kFloat)); }
 
 // Everything a step does around its op calls: no grad, the closure, every option and input
@@ -299,13 +307,6 @@ bool decoupled(const AdamWOptions&) { return true; }
 template <typename Options>
 at::Tensor adam_family_step(Optimizer& self, const char* name,
                             const Optimizer::LossClosure& closure) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("torchspeed::adam_step_", "")
-                       .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                                   at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                                   at::TensorList, double, double, double, double, double, bool,
-                                   bool, bool, const OptTensor&, const OptTensor&, const OptTensor&,
-                                   const OptTensor&, double)>();
   return fused_step<Options>(
       self, name, closure,
       [&](const Options& o, const std::vector<at::Tensor>& bucket, const OptTensor& coef,
@@ -334,16 +335,23 @@ at::Tensor adam_family_step(Optimizer& self, const char* name,
           steps.push_back(s.step());
         }
         calls.push_back([=](bool validate_only) {
-          if (validate_only) {
-            ops::validate_adam_step(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps,
-                                    {}, {}, amsgrad, std::nullopt, std::nullopt, std::nullopt,
-                                    coef);
-            return;
-          }
-          op.call(bucket, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps, {}, {}, o.lr(),
-                  std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-                  amsgrad, o.maximize(), decoupled(o), std::nullopt, std::nullopt, std::nullopt,
-                  coef, 0.0);
+          AdamStepArgs a;
+          a.params = bucket;
+          a.grads = grads;
+          a.exp_avgs = exp_avgs;
+          a.exp_avg_sqs = exp_avg_sqs;
+          a.max_exp_avg_sqs = max_sqs;
+          a.masters = masters;
+          a.steps = steps;
+          a.lr = o.lr();
+          std::tie(a.beta1, a.beta2) = o.betas();
+          a.eps = o.eps();
+          a.weight_decay = o.weight_decay();
+          a.amsgrad = amsgrad;
+          a.maximize = o.maximize();
+          a.decoupled_weight_decay = decoupled(o);
+          a.clip_coef = coef;
+          run_or_validate(a, validate_only);
         });
       });
 }
@@ -555,12 +563,6 @@ SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGD
 }
 
 torch::Tensor SGD::step(LossClosure closure) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("torchspeed::sgd_step_", "")
-                       .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                                   at::TensorList, at::TensorList, double, double, double, double,
-                                   bool, bool, bool, const OptTensor&, const OptTensor&,
-                                   const OptTensor&, const OptTensor&, double)>();
   return fused_step<SGDOptions>(
       *this, "SGD", closure,
       [&](const SGDOptions& o, const std::vector<at::Tensor>& by_master, const OptTensor& coef,
@@ -598,15 +600,20 @@ torch::Tensor SGD::step(LossClosure closure) {
           }
           const bool nesterov = o.nesterov() && with_momentum;
           calls.push_back([=](bool validate_only) {
-            if (validate_only) {
-              ops::validate_sgd_step(bucket, grads, buffers, masters, {}, {}, o.momentum(),
-                                     o.dampening(), nesterov, std::nullopt, std::nullopt,
-                                     std::nullopt, coef);
-              return;
-            }
-            op.call(bucket, grads, buffers, masters, {}, {}, o.lr(), o.momentum(), o.dampening(),
-                    o.weight_decay(), nesterov, o.maximize(), first_step, std::nullopt,
-                    std::nullopt, std::nullopt, coef, 0.0);
+            SgdStepArgs a;
+            a.params = bucket;
+            a.grads = grads;
+            a.momentum_buffers = buffers;
+            a.masters = masters;
+            a.lr = o.lr();
+            a.momentum = o.momentum();
+            a.dampening = o.dampening();
+            a.weight_decay = o.weight_decay();
+            a.nesterov = nesterov;
+            a.maximize = o.maximize();
+            a.first_step = first_step;
+            a.clip_coef = coef;
+            run_or_validate(a, validate_only);
           });
         }
       });
@@ -621,12 +628,6 @@ Lion::Lion(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, L
 }
 
 torch::Tensor Lion::step(LossClosure closure) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("torchspeed::lion_step_", "")
-                       .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                                   at::TensorList, at::TensorList, at::TensorList, double, double,
-                                   double, double, bool, const OptTensor&, const OptTensor&,
-                                   const OptTensor&, const OptTensor&, double)>();
   return fused_step<LionOptions>(
       *this, "Lion", closure,
       [&](const LionOptions& o, const std::vector<at::Tensor>& bucket, const OptTensor& coef,
@@ -647,14 +648,18 @@ torch::Tensor Lion::step(LossClosure closure) {
           steps.push_back(s.step());
         }
         calls.push_back([=](bool validate_only) {
-          if (validate_only) {
-            ops::validate_lion_step(bucket, grads, exp_avgs, masters, steps, {}, {}, std::nullopt,
-                                    std::nullopt, std::nullopt, coef);
-            return;
-          }
-          op.call(bucket, grads, exp_avgs, masters, steps, {}, {}, o.lr(), std::get<0>(o.betas()),
-                  std::get<1>(o.betas()), o.weight_decay(), o.maximize(), std::nullopt,
-                  std::nullopt, std::nullopt, coef, 0.0);
+          LionStepArgs a;
+          a.params = bucket;
+          a.grads = grads;
+          a.exp_avgs = exp_avgs;
+          a.masters = masters;
+          a.steps = steps;
+          a.lr = o.lr();
+          std::tie(a.beta1, a.beta2) = o.betas();
+          a.weight_decay = o.weight_decay();
+          a.maximize = o.maximize();
+          a.clip_coef = coef;
+          run_or_validate(a, validate_only);
         });
       });
 }
@@ -668,12 +673,6 @@ LAMB::LAMB(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, L
 }
 
 torch::Tensor LAMB::step(LossClosure closure) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("torchspeed::lamb_step_", "")
-                       .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                                   at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                                   double, double, double, double, double, bool, const OptTensor&,
-                                   const OptTensor&, const OptTensor&, const OptTensor&, double)>();
   return fused_step<LAMBOptions>(
       *this, "LAMB", closure,
       [&](const LAMBOptions& o, const std::vector<at::Tensor>& bucket, const OptTensor& coef,
@@ -698,14 +697,20 @@ torch::Tensor LAMB::step(LossClosure closure) {
           steps.push_back(s.step());
         }
         calls.push_back([=](bool validate_only) {
-          if (validate_only) {
-            ops::validate_lamb_step(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {},
-                                    std::nullopt, std::nullopt, std::nullopt, coef);
-            return;
-          }
-          op.call(bucket, grads, exp_avgs, exp_avg_sqs, masters, steps, {}, {}, o.lr(),
-                  std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-                  o.maximize(), std::nullopt, std::nullopt, std::nullopt, coef, 0.0);
+          LambStepArgs a;
+          a.params = bucket;
+          a.grads = grads;
+          a.exp_avgs = exp_avgs;
+          a.exp_avg_sqs = exp_avg_sqs;
+          a.masters = masters;
+          a.steps = steps;
+          a.lr = o.lr();
+          std::tie(a.beta1, a.beta2) = o.betas();
+          a.eps = o.eps();
+          a.weight_decay = o.weight_decay();
+          a.maximize = o.maximize();
+          a.clip_coef = coef;
+          run_or_validate(a, validate_only);
         });
       });
 }

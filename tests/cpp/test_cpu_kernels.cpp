@@ -123,22 +123,47 @@ TEST_CASE("grad_stats flags inf and NaN wherever they are") {
   }
 }
 
+namespace {
+
+/// An fp32 param range with the given state pointers (null: absent).
+OptimTensor f32_tensor(float* p, const float* g, int64_t n, float* exp_avg = nullptr,
+                       float* exp_avg_sq = nullptr, const float* mask = nullptr,
+                       float* ema = nullptr) {
+  OptimTensor t{};
+  t.param = p;
+  t.grad = g;
+  t.exp_avg = exp_avg;
+  t.exp_avg_sq = exp_avg_sq;
+  t.mask = mask;
+  t.ema = ema;
+  t.numel = n;
+  t.param_dtype = t.grad_dtype = DType::kFloat;
+  return t;
+}
+
+std::vector<float> positive_floats(size_t n, uint32_t seed, float scale) {
+  auto v = random_floats(n, seed, scale);
+  for (auto& x : v) x = std::fabs(x);
+  return v;
+}
+
+}  // namespace
+
 TEST_CASE("adam kernel matches a double reference of torch's formula on every ISA") {
   for (const CpuKernelTable* table : runnable_tables()) {
     const int64_t n = 1037;
     auto p = random_floats(n, 1), g = random_floats(n, 2), m = random_floats(n, 3, 0.1f);
-    std::vector<float> v(n);
-    for (int64_t i = 0; i < n; ++i) v[i] = std::fabs(random_floats(1, 4 + i)[0]) * 0.01f;
-    OptimScalars s{};
-    s.lr = 1e-3f, s.weight_decay = 0.01f, s.beta1 = 0.9f, s.beta2 = 0.999f;
-    s.one_minus_beta1 = 0.1f, s.one_minus_beta2 = 0.001f, s.eps = 1e-8f;
+    auto v = positive_floats(n, 4, 0.01f);
+    OptimHyper h{};
+    h.weight_decay = 0.01f, h.beta2_f = 0.999f, h.one_minus_beta1 = 0.1f;
+    h.one_minus_beta2 = 0.001f, h.eps = 1e-8f, h.decoupled_weight_decay = true;
     const double step = 3, bc1 = 1 - std::pow(0.9, step), bc2 = 1 - std::pow(0.999, step);
-    s.step_size = float(1e-3 / bc1), s.bias_correction2_sqrt = float(std::sqrt(bc2));
-    s.param_decay = float(1 - 1e-3 * 0.01), s.grad_scale = 0.5f, s.decoupled_weight_decay = true;
+    StepScalars s{};
+    s.lr = 1e-3f, s.step_size = float(1e-3 / bc1), s.bias_correction2_sqrt = float(std::sqrt(bc2));
+    s.param_decay = float(1 - 1e-3 * 0.01), s.grad_scale = 0.5f;
     std::vector<float> p2 = p, m2 = m, v2 = v;
-    OptimChunk c{p2.data(), DType::kFloat, nullptr, g.data(), DType::kFloat, m2.data(), v2.data(),
-                 nullptr,   nullptr,       nullptr, n};
-    table->optim.adam(c, s, nullptr, nullptr);
+    table->optim.adam(f32_tensor(p2.data(), g.data(), n, m2.data(), v2.data()), h, s, nullptr,
+                      nullptr);
     for (int64_t i = 0; i < n; ++i) {
       const double gi = double(g[i]) * 0.5;
       double pi = double(p[i]) * (1 - 1e-3 * 0.01);
@@ -148,6 +173,111 @@ TEST_CASE("adam kernel matches a double reference of torch's formula on every IS
       REQUIRE(m2[i] == Approx(mi).epsilon(1e-5).margin(1e-7));
       REQUIRE(v2[i] == Approx(vi).epsilon(1e-5).margin(1e-9));
       REQUIRE(p2[i] == Approx(pi).epsilon(1e-6).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("sgd kernel matches a double reference (momentum, nesterov, mask, EMA) on every ISA") {
+  const double lr = 0.05, momentum = 0.9, dampening = 0.1, wd = 0.01, ema_decay = 0.9;
+  for (const CpuKernelTable* table : runnable_tables()) {
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool nesterov = mode & 1, first_step = mode & 2;
+      const int64_t n = 517;
+      auto p = random_floats(n, 11), g = random_floats(n, 12), buf = random_floats(n, 13);
+      auto ema = random_floats(n, 14);
+      std::vector<float> mask(n);
+      for (int64_t i = 0; i < n; ++i) mask[i] = (i % 3) ? 1.f : 0.f;
+      OptimHyper h{};
+      h.weight_decay = float(wd), h.momentum = float(momentum);
+      h.one_minus_dampening = float(1 - dampening), h.nesterov = nesterov;
+      h.first_step = first_step, h.one_minus_ema_decay = float(1 - ema_decay);
+      StepScalars s{};
+      s.lr = float(lr), s.grad_scale = 1.f;
+      auto p2 = p, buf2 = buf, ema2 = ema;
+      table->optim.sgd(
+          f32_tensor(p2.data(), g.data(), n, buf2.data(), nullptr, mask.data(), ema2.data()), h, s,
+          nullptr, nullptr);
+      for (int64_t i = 0; i < n; ++i) {
+        double gi = g[i] + wd * p[i];
+        const double bi = first_step ? gi : momentum * buf[i] + (1 - dampening) * gi;
+        gi = nesterov ? gi + momentum * bi : bi;
+        const double pi = mask[i] != 0.f ? p[i] - lr * gi : 0.0;
+        const double ei = ema[i] + (1 - ema_decay) * (pi - ema[i]);
+        INFO("isa " << table->name << " nesterov " << nesterov << " first " << first_step << " i "
+                    << i);
+        REQUIRE(buf2[i] == Approx(bi).epsilon(1e-5).margin(1e-6));
+        REQUIRE(p2[i] == Approx(pi).epsilon(1e-5).margin(1e-6));
+        REQUIRE(ema2[i] == Approx(ei).epsilon(1e-5).margin(1e-6));
+      }
+    }
+  }
+}
+
+TEST_CASE("lion kernel matches a double reference on every ISA") {
+  const double lr = 1e-3, beta1 = 0.9, beta2 = 0.99, wd = 0.1;
+  for (const CpuKernelTable* table : runnable_tables()) {
+    const int64_t n = 771;
+    auto p = random_floats(n, 21), g = random_floats(n, 22), m = random_floats(n, 23);
+    OptimHyper h{};
+    h.weight_decay = float(wd), h.one_minus_beta1 = float(1 - beta1);
+    h.one_minus_beta2 = float(1 - beta2), h.beta2_f = float(beta2);
+    StepScalars s{};
+    s.lr = float(lr), s.grad_scale = 1.f, s.param_decay = float(1 - lr * wd);
+    auto p2 = p, m2 = m;
+    table->optim.lion(f32_tensor(p2.data(), g.data(), n, m2.data()), h, s, nullptr, nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      const double c = beta1 * m[i] + (1 - beta1) * g[i];
+      if (std::fabs(c) < 1e-5) continue;  // the sign of a value this close to 0 is rounding
+      const double pi = p[i] * (1 - lr * wd) - lr * (c > 0 ? 1.0 : -1.0);
+      const double mi = beta2 * m[i] + (1 - beta2) * g[i];
+      INFO("isa " << table->name << " i " << i);
+      REQUIRE(p2[i] == Approx(pi).epsilon(1e-6).margin(1e-7));
+      REQUIRE(m2[i] == Approx(mi).epsilon(1e-5).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("lamb kernels (moments, norms, trust-ratio update) match a double reference") {
+  const double lr = 1e-2, beta1 = 0.9, beta2 = 0.999, eps = 1e-6, wd = 0.01, step = 5;
+  const double bc1 = 1 - std::pow(beta1, step), bc2 = 1 - std::pow(beta2, step);
+  for (const CpuKernelTable* table : runnable_tables()) {
+    const int64_t n = 1029;
+    auto p = random_floats(n, 31), g = random_floats(n, 32), m = random_floats(n, 33, 0.1f);
+    auto v = positive_floats(n, 34, 0.01f);
+    OptimHyper h{};
+    h.weight_decay = float(wd), h.one_minus_beta1 = float(1 - beta1);
+    h.one_minus_beta2 = float(1 - beta2), h.beta2_f = float(beta2), h.eps = float(eps);
+    StepScalars s{};
+    s.lr = float(lr), s.grad_scale = 1.f, s.bias_correction1 = float(bc1);
+    s.bias_correction2 = float(bc2);
+    auto p2 = p, m2 = m, v2 = v;
+    const OptimTensor t = f32_tensor(p2.data(), g.data(), n, m2.data(), v2.data());
+    double p_sumsq = 0, u_sumsq = 0;
+    table->optim.lamb_phase1(t, h, s, &p_sumsq, &u_sumsq);
+
+    std::vector<double> u(n), mi(n), vi(n);
+    double p_ref = 0, u_ref = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      mi[i] = beta1 * m[i] + (1 - beta1) * g[i];
+      vi[i] = beta2 * v[i] + (1 - beta2) * double(g[i]) * g[i];
+      u[i] = (mi[i] / bc1) / (std::sqrt(vi[i] / bc2) + eps) + wd * p[i];
+      p_ref += double(p[i]) * p[i];
+      u_ref += u[i] * u[i];
+    }
+    INFO("isa " << table->name);
+    REQUIRE(p_sumsq == Approx(p_ref).epsilon(1e-5));
+    REQUIRE(u_sumsq == Approx(u_ref).epsilon(1e-4));
+    for (int64_t i = 0; i < n; ++i) {
+      REQUIRE(m2[i] == Approx(mi[i]).epsilon(1e-5).margin(1e-7));
+      REQUIRE(v2[i] == Approx(vi[i]).epsilon(1e-5).margin(1e-9));
+      REQUIRE(p2[i] == p[i]);  // phase 1 leaves the param alone
+    }
+    const double trust = std::sqrt(p_ref) / std::sqrt(u_ref);
+    s.step_size = float(lr * trust);
+    table->optim.lamb_phase2(t, h, s, nullptr, nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      INFO("i " << i);
+      REQUIRE(p2[i] == Approx(p[i] - lr * trust * u[i]).epsilon(1e-5).margin(1e-6));
     }
   }
 }

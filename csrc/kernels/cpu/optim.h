@@ -26,118 +26,119 @@ inline void for_each_lane(int64_t n, Body&& body) {
 
 /// Reads the parameter's current fp32 value: the master when there is one.
 template <class U, typename P>
-inline U load_param(const OptimChunk& c, int64_t i) {
+inline U load_param(const OptimTensor& c, int64_t i) {
   return c.master ? U::load(c.master + i) : U::load(static_cast<const P*>(c.param) + i);
 }
 
 /// Writes the new parameter value: mask, master, rounded param, EMA.
 template <class U, typename P>
-inline void store_param(const OptimChunk& c, const OptimScalars& s, int64_t i, U p) {
+inline void store_param(const OptimTensor& c, const OptimHyper& h, int64_t i, U p) {
   if (c.mask) p = select_nonzero(U::load(c.mask + i), p);
   if (c.master) p.store(c.master + i);
   p.store(static_cast<P*>(c.param) + i);
   if (c.ema) {
     const U e = U::load(c.ema + i);
-    fma(U(s.one_minus_ema_decay), p - e, e).store(c.ema + i);
+    fma(U(h.one_minus_ema_decay), p - e, e).store(c.ema + i);
   }
 }
 
 /// The gradient as the update sees it: scaled (AMP unscale x clip coefficient) and negated for
 /// maximize.
 template <class U, typename G>
-inline U load_grad(const OptimChunk& c, const OptimScalars& s, int64_t i) {
+inline U load_grad(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, int64_t i) {
   U g = U::load(static_cast<const G*>(c.grad) + i);
   if (s.grad_scale != 1.f) g = g * U(s.grad_scale);
-  return s.maximize ? -g : g;
+  return h.maximize ? -g : g;
 }
 
 template <class V, typename P, typename G>
-void adam_range(const OptimChunk& c, const OptimScalars& s) {
-  for_each_lane<V>(c.n, [&](auto tag, int64_t i) {
+void adam_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
-    U g = load_grad<U, G>(c, s, i);
+    U g = load_grad<U, G>(c, h, s, i);
     U p = load_param<U, P>(c, i);
-    if (s.weight_decay != 0.f) {
-      if (s.decoupled_weight_decay) {
+    if (h.weight_decay != 0.f) {
+      if (h.decoupled_weight_decay) {
         p = p * U(s.param_decay);  // param.mul_(1 - lr * wd)
       } else {
-        g = fma(p, U(s.weight_decay), g);  // grad.add(param, alpha=wd)
+        g = fma(p, U(h.weight_decay), g);  // grad.add(param, alpha=wd)
       }
     }
-    U m = U::load(c.state0 + i);
-    m = fma(U(s.one_minus_beta1), g - m, m);  // exp_avg.lerp_(grad, 1 - beta1)
-    m.store(c.state0 + i);
-    U v = U::load(c.state1 + i) * U(s.beta2);  // exp_avg_sq.mul_(beta2)
-    v = fma(U(s.one_minus_beta2) * g, g, v);   // .addcmul_(grad, grad, value=1 - beta2)
-    v.store(c.state1 + i);
-    if (s.amsgrad) {
-      v = max(U::load(c.state2 + i), v);
-      v.store(c.state2 + i);
+    U m = U::load(c.exp_avg + i);
+    m = fma(U(h.one_minus_beta1), g - m, m);  // exp_avg.lerp_(grad, 1 - beta1)
+    m.store(c.exp_avg + i);
+    U v = U::load(c.exp_avg_sq + i) * U(h.beta2_f);  // exp_avg_sq.mul_(beta2)
+    v = fma(U(h.one_minus_beta2) * g, g, v);         // .addcmul_(grad, grad, value=1 - beta2)
+    v.store(c.exp_avg_sq + i);
+    if (h.amsgrad) {
+      v = max(U::load(c.max_exp_avg_sq + i), v);
+      v.store(c.max_exp_avg_sq + i);
     }
-    const U denom = sqrt(v) / U(s.bias_correction2_sqrt) + U(s.eps);
+    const U denom = sqrt(v) / U(s.bias_correction2_sqrt) + U(h.eps);
     p = p + U(-s.step_size) * m / denom;  // param.addcdiv_(exp_avg, denom, value=-step_size)
-    store_param<U, P>(c, s, i, p);
+    store_param<U, P>(c, h, i, p);
   });
 }
 
 template <class V, typename P, typename G>
-void sgd_range(const OptimChunk& c, const OptimScalars& s) {
-  for_each_lane<V>(c.n, [&](auto tag, int64_t i) {
+void sgd_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
-    U g = load_grad<U, G>(c, s, i);
+    U g = load_grad<U, G>(c, h, s, i);
     U p = load_param<U, P>(c, i);
-    if (s.weight_decay != 0.f) g = fma(p, U(s.weight_decay), g);
-    if (s.momentum != 0.f) {
+    if (h.weight_decay != 0.f) g = fma(p, U(h.weight_decay), g);
+    if (h.momentum != 0.f) {
       U buf = g;  // first step: buffer = clone(grad)
-      if (!s.first_step) {
-        buf = U::load(c.state0 + i) * U(s.momentum);
-        buf = fma(g, U(s.one_minus_dampening), buf);
+      if (!h.first_step) {
+        buf = U::load(c.exp_avg + i) * U(h.momentum);
+        buf = fma(g, U(h.one_minus_dampening), buf);
       }
-      buf.store(c.state0 + i);
-      g = s.nesterov ? fma(buf, U(s.momentum), g) : buf;
+      buf.store(c.exp_avg + i);
+      g = h.nesterov ? fma(buf, U(h.momentum), g) : buf;
     }
     p = fma(g, U(-s.lr), p);
-    store_param<U, P>(c, s, i, p);
+    store_param<U, P>(c, h, i, p);
   });
 }
 
 template <class V, typename P, typename G>
-void lion_range(const OptimChunk& c, const OptimScalars& s) {
-  for_each_lane<V>(c.n, [&](auto tag, int64_t i) {
+void lion_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
-    const U g = load_grad<U, G>(c, s, i);
+    const U g = load_grad<U, G>(c, h, s, i);
     U p = load_param<U, P>(c, i);
-    if (s.weight_decay != 0.f) p = p * U(s.param_decay);
-    U m = U::load(c.state0 + i);
-    const U direction = sign(fma(U(s.one_minus_beta1), g - m, m));  // sign(lerp(m, g, 1 - b1))
+    if (h.weight_decay != 0.f) p = p * U(s.param_decay);
+    U m = U::load(c.exp_avg + i);
+    const U direction = sign(fma(U(h.one_minus_beta1), g - m, m));  // sign(lerp(m, g, 1 - b1))
     p = fma(direction, U(-s.lr), p);
-    fma(U(s.one_minus_beta2), g - m, m).store(c.state0 + i);  // m = lerp(m, g, 1 - b2)
-    store_param<U, P>(c, s, i, p);
+    fma(U(h.one_minus_beta2), g - m, m).store(c.exp_avg + i);  // m = lerp(m, g, 1 - b2)
+    store_param<U, P>(c, h, i, p);
   });
 }
 
 /// LAMB's raw update u = m_hat / (sqrt(v_hat) + eps) + wd * p, from the updated moments.
 template <class U>
-inline U lamb_update(const OptimChunk& c, const OptimScalars& s, int64_t i, U p) {
-  const U m_hat = U::load(c.state0 + i) / U(s.bias_correction1);
-  const U v_hat = U::load(c.state1 + i) / U(s.bias_correction2);
-  return fma(U(s.weight_decay), p, m_hat / (sqrt(v_hat) + U(s.eps)));
+inline U lamb_update(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, int64_t i,
+                     U p) {
+  const U m_hat = U::load(c.exp_avg + i) / U(s.bias_correction1);
+  const U v_hat = U::load(c.exp_avg_sq + i) / U(s.bias_correction2);
+  return fma(U(h.weight_decay), p, m_hat / (sqrt(v_hat) + U(h.eps)));
 }
 
 template <class V, typename P, typename G>
-void lamb_phase1_range(const OptimChunk& c, const OptimScalars& s, double* param_sumsq,
-                       double* update_sumsq) {
+void lamb_phase1_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
+                       double* param_sumsq, double* update_sumsq) {
   V p_acc(0.f), u_acc(0.f);
   typename V::Scalar p_tail(0.f), u_tail(0.f);
-  for_each_lane<V>(c.n, [&](auto tag, int64_t i) {
+  for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
-    const U g = load_grad<U, G>(c, s, i);
+    const U g = load_grad<U, G>(c, h, s, i);
     const U p = load_param<U, P>(c, i);
-    U m = U::load(c.state0 + i);
-    fma(U(s.one_minus_beta1), g - m, m).store(c.state0 + i);
-    U v = U::load(c.state1 + i) * U(s.beta2);
-    fma(U(s.one_minus_beta2) * g, g, v).store(c.state1 + i);
-    const U u = lamb_update<U>(c, s, i, p);
+    U m = U::load(c.exp_avg + i);
+    fma(U(h.one_minus_beta1), g - m, m).store(c.exp_avg + i);
+    U v = U::load(c.exp_avg_sq + i) * U(h.beta2_f);
+    fma(U(h.one_minus_beta2) * g, g, v).store(c.exp_avg_sq + i);
+    const U u = lamb_update<U>(c, h, s, i, p);
     if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
       p_acc = fma(p, p, p_acc);
       u_acc = fma(u, u, u_acc);
@@ -151,27 +152,28 @@ void lamb_phase1_range(const OptimChunk& c, const OptimScalars& s, double* param
 }
 
 template <class V, typename P, typename G>
-void lamb_phase2_range(const OptimChunk& c, const OptimScalars& s) {
-  for_each_lane<V>(c.n, [&](auto tag, int64_t i) {
+void lamb_phase2_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
     U p = load_param<U, P>(c, i);
-    p = fma(lamb_update<U>(c, s, i, p), U(-s.step_size), p);
-    store_param<U, P>(c, s, i, p);
+    p = fma(lamb_update<U>(c, h, s, i, p), U(-s.step_size), p);
+    store_param<U, P>(c, h, i, p);
   });
 }
 
 /// Dispatches a range function over the (param, grad) storage types.
 template <template <class, typename, typename> class Range, class V, typename... Extra>
-void dispatch_storage(const OptimChunk& c, const OptimScalars& s, Extra... extra) {
+void dispatch_storage(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
+                      Extra... extra) {
   auto with_grad = [&](auto param_tag) {
     using P = decltype(param_tag);
     switch (c.grad_dtype) {
       case DType::kBFloat16:
-        return Range<V, P, bf16>::run(c, s, extra...);
+        return Range<V, P, bf16>::run(c, h, s, extra...);
       case DType::kHalf:
-        return Range<V, P, fp16>::run(c, s, extra...);
+        return Range<V, P, fp16>::run(c, h, s, extra...);
       default:
-        return Range<V, P, float>::run(c, s, extra...);
+        return Range<V, P, float>::run(c, h, s, extra...);
     }
   };
   switch (c.param_dtype) {
@@ -184,13 +186,13 @@ void dispatch_storage(const OptimChunk& c, const OptimScalars& s, Extra... extra
   }
 }
 
-#define TORCHSPEED_OPTIM_RANGE(NAME, FN)                                      \
-  template <class V, typename P, typename G>                                  \
-  struct NAME {                                                               \
-    template <typename... A>                                                  \
-    static void run(const OptimChunk& c, const OptimScalars& s, A... extra) { \
-      FN<V, P, G>(c, s, extra...);                                            \
-    }                                                                         \
+#define TORCHSPEED_OPTIM_RANGE(NAME, FN)                                                           \
+  template <class V, typename P, typename G>                                                       \
+  struct NAME {                                                                                    \
+    template <typename... A>                                                                       \
+    static void run(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, A... extra) { \
+      FN<V, P, G>(c, h, s, extra...);                                                              \
+    }                                                                                              \
   };
 TORCHSPEED_OPTIM_RANGE(AdamRange, adam_range)
 TORCHSPEED_OPTIM_RANGE(SgdRange, sgd_range)
@@ -201,24 +203,26 @@ TORCHSPEED_OPTIM_RANGE(LambPhase2Range, lamb_phase2_range)
 
 // The table entries (all share OptimFn's signature; only LAMB phase 1 uses the norm outputs).
 template <class V>
-void adam_step(const OptimChunk& c, const OptimScalars& s, double*, double*) {
-  dispatch_storage<AdamRange, V>(c, s);
+void adam_step(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, double*, double*) {
+  dispatch_storage<AdamRange, V>(c, h, s);
 }
 template <class V>
-void sgd_step(const OptimChunk& c, const OptimScalars& s, double*, double*) {
-  dispatch_storage<SgdRange, V>(c, s);
+void sgd_step(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, double*, double*) {
+  dispatch_storage<SgdRange, V>(c, h, s);
 }
 template <class V>
-void lion_step(const OptimChunk& c, const OptimScalars& s, double*, double*) {
-  dispatch_storage<LionRange, V>(c, s);
+void lion_step(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, double*, double*) {
+  dispatch_storage<LionRange, V>(c, h, s);
 }
 template <class V>
-void lamb_phase1(const OptimChunk& c, const OptimScalars& s, double* p_sumsq, double* u_sumsq) {
-  dispatch_storage<LambPhase1Range, V>(c, s, p_sumsq, u_sumsq);
+void lamb_phase1(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, double* p_sumsq,
+                 double* u_sumsq) {
+  dispatch_storage<LambPhase1Range, V>(c, h, s, p_sumsq, u_sumsq);
 }
 template <class V>
-void lamb_phase2(const OptimChunk& c, const OptimScalars& s, double*, double*) {
-  dispatch_storage<LambPhase2Range, V>(c, s);
+void lamb_phase2(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, double*,
+                 double*) {
+  dispatch_storage<LambPhase2Range, V>(c, h, s);
 }
 
 }  // namespace TORCHSPEED_CPU_ISA_NAMESPACE

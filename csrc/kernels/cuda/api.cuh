@@ -15,10 +15,14 @@
 
 #include <cstdint>
 
+#include "kernels/common/optim_types.h"
+
 namespace torchspeed::kernels::cuda {
 
-/// Element types a kernel can be asked to run on (same values as kernels::cpu::DType).
-enum class DType : int { kFloat = 0, kDouble = 1, kBFloat16 = 2, kHalf = 3 };
+using kernels::DType;
+using kernels::OptimAlgo;
+using kernels::OptimHyper;
+using kernels::OptimTensor;
 
 // ---- grad_stats ---------------------------------------------------------------------------------
 
@@ -42,59 +46,23 @@ cudaError_t grad_stats(const GradStatsTensor* tensors, int64_t count, const floa
 
 // ---- fused optimizer steps ----------------------------------------------------------------------
 
-enum class OptimAlgo : int { kAdam = 0, kSgd = 1, kLion = 2, kLamb = 3 };
-
-/// One parameter and its state. Null pointers mean "absent"; state, master, mask and ema are
-/// contiguous float32 with `numel` elements, param and grad contiguous in their dtype.
-struct OptimTensor {
-  void* param;
-  const void* grad;
-  float* master;
-  float* state0;  // Adam/LAMB: exp_avg; SGD: momentum_buffer; Lion: exp_avg
-  float* state1;  // Adam/LAMB: exp_avg_sq
-  float* state2;  // Adam: max_exp_avg_sq (amsgrad)
-  const float* mask;
-  float* ema;
-  float* step;  // one float32 on the device (Adam, Lion, LAMB); null for SGD
-  int64_t numel;
-  DType param_dtype;  // kFloat, kBFloat16 or kHalf
-  DType grad_dtype;   // kFloat, kBFloat16 or kHalf
-};
-
-/// Hyperparameters of one step, rounded exactly as the CPU op rounds them (see
-/// csrc/ops/cpu/optim_cpu.cpp): float fields are float(python value) or float(1.0 - value)
-/// computed in double on the host; values the kernel combines with the device step or the device
-/// lr stay double.
-struct OptimHyper {
-  double lr;     // used when lr_tensor is null
-  double beta1;  // for 1 - beta1^step, in double as torch.optim does
-  double beta2;
-  float weight_decay;
-  float beta2_f;
-  float one_minus_beta1;
-  float one_minus_beta2;
-  float eps;
-  float momentum;
-  float one_minus_dampening;
-  float one_minus_ema_decay;
-  bool amsgrad;
-  bool maximize;
-  bool decoupled_weight_decay;
-  bool nesterov;
-  bool first_step;
-  // One-element float32 device tensors, or null.
-  const float* lr_tensor;
+/// The one-element float32 device tensors a step reads on the device, or null.
+struct DeviceScalars {
+  const float* lr;          // overrides OptimHyper::lr
   const float* grad_scale;  // grads are multiplied by float(1.0 / double(*grad_scale))
   const float* found_inf;   // != 0: nothing is written, steps are not incremented
   const float* clip_coef;   // grads are also multiplied by it
 };
 
-/// One fused step over all `count` params of a group: increments the steps on the device (unless
-/// *found_inf != 0), then runs the update: one launch per 24 tensors / 320 chunks of 64K elements
-/// (4 blocks per chunk) and per (param dtype, grad dtype) pair present. LAMB runs phase 1 (moments
+/// One fused step over all `count` params of a group (OptimTensor: the whole tensors, contiguous or
+/// laid out like their params, with `step` set for Adam, Lion and LAMB): increments the steps on
+/// the device (unless *found_inf != 0), then runs the update: one launch per 24 tensors / 320
+/// chunks of 64K elements (4 blocks per chunk) and per (param dtype, grad dtype) pair present. LAMB
+/// runs phase 1 (moments
 /// + norms) over all tensors, then phase 2 (trust-ratio update); `lamb_workspace` is 2 * count
 /// doubles of device memory (zeroed here), null for the other algorithms.
 cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count,
-                       const OptimHyper& hyper, double* lamb_workspace, cudaStream_t stream);
+                       const OptimHyper& hyper, const DeviceScalars& scalars,
+                       double* lamb_workspace, cudaStream_t stream);
 
 }  // namespace torchspeed::kernels::cuda

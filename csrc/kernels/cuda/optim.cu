@@ -2,8 +2,8 @@
 //
 // The per-element math is a line-by-line mirror of the CPU templates in kernels/cpu/optim.h
 // (same operation order, explicit fma exactly where the CPU uses fma, IEEE-rounded fp32 ops
-// elsewhere), and the per-tensor scalars are derived from the device step and lr exactly as
-// ops/cpu/optim_cpu.cpp derives them on the host (in double, rounded to float), so CPU and CUDA
+// elsewhere), and the per-tensor scalars come from the device step and lr through the same
+// step_scalars() the CPU op calls on the host (kernels/common/step_scalars.h), so CPU and CUDA
 // agree to an ulp or so per step. found_inf, grad_scale, clip_coef, lr and the steps are read on
 // the device: nothing synchronises with the host.
 #include <cuda_bf16.h>
@@ -13,6 +13,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/common/step_scalars.h"
 #include "kernels/cuda/api.cuh"
 #include "kernels/cuda/multi_tensor_apply.cuh"
 #include "kernels/cuda/numerics.cuh"
@@ -26,9 +27,9 @@ enum List : int {
   kParam = 0,
   kGrad,
   kMaster,
-  kState0,
-  kState1,
-  kState2,
+  kExpAvg,
+  kExpAvgSq,
+  kMaxExpAvgSq,
   kMask,
   kEma,
   kStep,
@@ -39,6 +40,7 @@ using OptimMeta = MtaMeta<kDepth, 24, 320>;
 
 struct OptimParams {
   OptimHyper h;
+  DeviceScalars d;
   double* lamb_sumsq;  // [2 * count]: ||p||^2, ||u||^2 per tensor index (LAMB)
 };
 static_assert(sizeof(OptimMeta) + sizeof(OptimParams) <= kMaxKernelArgBytes,
@@ -54,36 +56,36 @@ __global__ void __launch_bounds__(kMtaBlockSize)
     optim_kernel(const __grid_constant__ OptimMeta meta, const __grid_constant__ OptimParams prm) {
   const OptimHyper& h = prm.h;
   // AMP: a step whose grads held inf/NaN writes nothing (uniform across the grid).
-  if (h.found_inf != nullptr && *h.found_inf != 0.f) return;
+  const DeviceScalars& d = prm.d;
+  if (d.found_inf != nullptr && *d.found_inf != 0.f) return;
 
   const int slot = meta.block_tensor[mta_meta_block()];
   P* const param = static_cast<P*>(meta.ptr[kParam][slot]);
   const G* const grad = static_cast<const G*>(meta.ptr[kGrad][slot]);
   float* const master = static_cast<float*>(meta.ptr[kMaster][slot]);
-  float* const state0 = static_cast<float*>(meta.ptr[kState0][slot]);
-  float* const state1 = static_cast<float*>(meta.ptr[kState1][slot]);
-  float* const state2 = static_cast<float*>(meta.ptr[kState2][slot]);
+  float* const exp_avg = static_cast<float*>(meta.ptr[kExpAvg][slot]);
+  float* const exp_avg_sq = static_cast<float*>(meta.ptr[kExpAvgSq][slot]);
+  float* const max_exp_avg_sq = static_cast<float*>(meta.ptr[kMaxExpAvgSq][slot]);
   const float* const mask = static_cast<const float*>(meta.ptr[kMask][slot]);
   float* const ema = static_cast<float*>(meta.ptr[kEma][slot]);
   const float* const step = static_cast<const float*>(meta.ptr[kStep][slot]);
 
   // Thread 0 derives the tensor's scalars from the device lr, scale, clip and step.
-  __shared__ BlockScalars shared_scalars;
+  __shared__ StepScalars shared_scalars;
   if (threadIdx.x == 0) {
     const int64_t index = meta.index[slot];
     constexpr bool kPhase2 = kKernel == Kernel::kLambPhase2;
-    shared_scalars = block_scalars(
-        h, h.lr_tensor ? static_cast<double>(*h.lr_tensor) : h.lr,
-        h.grad_scale ? *h.grad_scale : 1.f, h.clip_coef ? *h.clip_coef : 1.f, step != nullptr,
-        step ? *step : 0.f, kPhase2, kPhase2 ? prm.lamb_sumsq[2 * index] : 0.0,
-        kPhase2 ? prm.lamb_sumsq[2 * index + 1] : 0.0);
+    shared_scalars = step_scalars(
+        h, d.lr ? static_cast<double>(*d.lr) : h.lr, d.grad_scale ? *d.grad_scale : 1.f,
+        d.clip_coef ? *d.clip_coef : 1.f, step != nullptr, step ? *step : 0.f, kPhase2,
+        kPhase2 ? prm.lamb_sumsq[2 * index] : 0.0, kPhase2 ? prm.lamb_sumsq[2 * index + 1] : 0.0);
   }
   __syncthreads();
-  const BlockScalars s = shared_scalars;
+  const StepScalars s = shared_scalars;
 
   const bool aligned = mta_aligned(param) && mta_aligned(grad) && mta_aligned(master) &&
-                       mta_aligned(state0) && mta_aligned(state1) && mta_aligned(state2) &&
-                       mta_aligned(mask) && mta_aligned(ema);
+                       mta_aligned(exp_avg) && mta_aligned(exp_avg_sq) &&
+                       mta_aligned(max_exp_avg_sq) && mta_aligned(mask) && mta_aligned(ema);
   float p_acc = 0.f, u_acc = 0.f;  // LAMB phase 1: ||p||^2, ||u||^2 of this thread
 
   mta_for_each_quad(
@@ -108,34 +110,34 @@ __global__ void __launch_bounds__(kMtaBlockSize)
 
         if constexpr (kKernel == Kernel::kAdam) {
           float m[N], v[N], vmax[N] = {0.f, 0.f, 0.f, 0.f};
-          load_quad<kVec>(state0, i, valid, m);
-          load_quad<kVec>(state1, i, valid, v);
-          if (h.amsgrad) load_quad<kVec>(state2, i, valid, vmax);
+          load_quad<kVec>(exp_avg, i, valid, m);
+          load_quad<kVec>(exp_avg_sq, i, valid, v);
+          if (h.amsgrad) load_quad<kVec>(max_exp_avg_sq, i, valid, vmax);
 #pragma unroll
           for (int k = 0; k < N; ++k) adam_element(h, s, g[k], p[k], m[k], v[k], vmax[k]);
-          store_quad<kVec>(state0, i, valid, m);
-          store_quad<kVec>(state1, i, valid, v);
-          if (h.amsgrad) store_quad<kVec>(state2, i, valid, vmax);
+          store_quad<kVec>(exp_avg, i, valid, m);
+          store_quad<kVec>(exp_avg_sq, i, valid, v);
+          if (h.amsgrad) store_quad<kVec>(max_exp_avg_sq, i, valid, vmax);
         } else if constexpr (kKernel == Kernel::kSgd) {
           float buf[N] = {0.f, 0.f, 0.f, 0.f};
-          if (h.momentum != 0.f && !h.first_step) load_quad<kVec>(state0, i, valid, buf);
+          if (h.momentum != 0.f && !h.first_step) load_quad<kVec>(exp_avg, i, valid, buf);
 #pragma unroll
           for (int k = 0; k < N; ++k) sgd_element(h, s, g[k], p[k], buf[k]);
-          if (h.momentum != 0.f) store_quad<kVec>(state0, i, valid, buf);
+          if (h.momentum != 0.f) store_quad<kVec>(exp_avg, i, valid, buf);
         } else if constexpr (kKernel == Kernel::kLion) {
           float m[N];
-          load_quad<kVec>(state0, i, valid, m);
+          load_quad<kVec>(exp_avg, i, valid, m);
 #pragma unroll
           for (int k = 0; k < N; ++k) lion_element(h, s, g[k], p[k], m[k]);
-          store_quad<kVec>(state0, i, valid, m);
+          store_quad<kVec>(exp_avg, i, valid, m);
         } else if constexpr (kKernel == Kernel::kLambPhase1) {
           float m[N], v[N];
-          load_quad<kVec>(state0, i, valid, m);
-          load_quad<kVec>(state1, i, valid, v);
+          load_quad<kVec>(exp_avg, i, valid, m);
+          load_quad<kVec>(exp_avg_sq, i, valid, v);
 #pragma unroll
           for (int k = 0; k < N; ++k) lamb_moments(h, g[k], m[k], v[k]);
-          store_quad<kVec>(state0, i, valid, m);
-          store_quad<kVec>(state1, i, valid, v);
+          store_quad<kVec>(exp_avg, i, valid, m);
+          store_quad<kVec>(exp_avg_sq, i, valid, v);
 #pragma unroll
           for (int k = 0; k < N; ++k) {
             if (k < valid) {  // padding lanes may be 0/0 when eps == 0
@@ -147,8 +149,8 @@ __global__ void __launch_bounds__(kMtaBlockSize)
           return;  // phase 1 does not touch the param
         } else {   // kLambPhase2: recompute u from the new moments, apply lr * trust * u
           float m[N], v[N];
-          load_quad<kVec>(state0, i, valid, m);
-          load_quad<kVec>(state1, i, valid, v);
+          load_quad<kVec>(exp_avg, i, valid, m);
+          load_quad<kVec>(exp_avg_sq, i, valid, v);
 #pragma unroll
           for (int k = 0; k < N; ++k) p[k] = lamb_apply(h, s, m[k], v[k], p[k]);
         }
@@ -302,9 +304,9 @@ cudaError_t run_all(Kernel kernel, const OptimTensor* tensors, int64_t count,
         m.ptr[kParam] = t.param;
         m.ptr[kGrad] = const_cast<void*>(t.grad);
         m.ptr[kMaster] = t.master;
-        m.ptr[kState0] = t.state0;
-        m.ptr[kState1] = t.state1;
-        m.ptr[kState2] = t.state2;
+        m.ptr[kExpAvg] = t.exp_avg;
+        m.ptr[kExpAvgSq] = t.exp_avg_sq;
+        m.ptr[kMaxExpAvgSq] = t.max_exp_avg_sq;
         m.ptr[kMask] = const_cast<float*>(t.mask);
         m.ptr[kEma] = t.ema;
         m.ptr[kStep] = t.step;
@@ -323,7 +325,8 @@ cudaError_t run_all(Kernel kernel, const OptimTensor* tensors, int64_t count,
 }  // namespace
 
 cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count,
-                       const OptimHyper& hyper, double* lamb_workspace, cudaStream_t stream) {
+                       const OptimHyper& hyper, const DeviceScalars& scalars,
+                       double* lamb_workspace, cudaStream_t stream) {
   for (int64_t i = 0; i < count; ++i) {
     const OptimTensor& t = tensors[i];
     if (!(t.param_dtype == DType::kFloat || t.param_dtype == DType::kBFloat16 ||
@@ -333,9 +336,9 @@ cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count
       return cudaErrorInvalidValue;
     }
   }
-  cudaError_t err = launch_step_increment(tensors, count, hyper.found_inf, stream);
+  cudaError_t err = launch_step_increment(tensors, count, scalars.found_inf, stream);
   if (err != cudaSuccess) return err;
-  const OptimParams prm{hyper, lamb_workspace};
+  const OptimParams prm{hyper, scalars, lamb_workspace};
   switch (algo) {
     case OptimAlgo::kAdam:
       return run_all(Kernel::kAdam, tensors, count, prm, stream);

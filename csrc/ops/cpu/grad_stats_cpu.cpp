@@ -9,16 +9,15 @@
 #include "kernels/cpu/dispatch.h"
 #include "ops/checks.h"
 #include "ops/cpu/chunking.h"
+#include "torchspeed/ops/optim.h"
 
 namespace torchspeed::ops {
 namespace {
 
 using kernels::cpu::GradStatsPartial;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_impl(const char* op,
-                                                               at::TensorList tensors,
-                                                               const at::Tensor* inv_scale,
-                                                               bool per_tensor) {
+GradStatsTuple grad_stats_impl(const char* op, at::TensorList tensors, const at::Tensor* inv_scale,
+                               bool per_tensor) {
   const at::Device device = check_float_tensor_list(op, "tensors", tensors);
   if (inv_scale) check_scalar_tensor(op, "inv_scale", *inv_scale, device);
   const auto& table = *rethrow_as_torch_error(op, [] { return &kernels::cpu::cpu_kernels(); });
@@ -62,22 +61,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_impl(const char* op,
           at::scalar_tensor(nonfinite ? 1.0 : 0.0, opts)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_cpu(at::TensorList tensors,
-                                                              bool per_tensor) {
-  return grad_stats_impl("grad_stats", tensors, nullptr, per_tensor);
+GradStatsTuple grad_stats_cpu(const GradStatsArgs& a) {
+  return grad_stats_impl(GradStatsArgs::kName, a.tensors, nullptr, a.per_tensor);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_unscale_cpu(at::TensorList tensors,
-                                                                      const at::Tensor& inv_scale,
-                                                                      bool per_tensor) {
-  return grad_stats_impl("grad_stats_unscale_", tensors, &inv_scale, per_tensor);
+GradStatsTuple grad_stats_unscale_cpu(const GradStatsUnscaleArgs& a) {
+  return grad_stats_impl(GradStatsUnscaleArgs::kName, a.tensors, &a.inv_scale, a.per_tensor);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchspeed, CPU, m) {
-  m.impl("grad_stats", &grad_stats_cpu);
-  m.impl("grad_stats_unscale_", &grad_stats_unscale_cpu);
+  TORCHSPEED_OP_IMPL(m, GradStatsArgs, grad_stats_cpu);
+  TORCHSPEED_OP_IMPL(m, GradStatsUnscaleArgs, grad_stats_unscale_cpu);
 }
 
 }  // namespace torchspeed::ops

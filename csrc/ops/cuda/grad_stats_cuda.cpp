@@ -13,29 +13,15 @@
 
 #include "kernels/cuda/api.cuh"
 #include "ops/checks.h"
+#include "torchspeed/ops/optim.h"
 
 namespace torchspeed::ops {
 namespace {
 
 namespace kc = kernels::cuda;
 
-kc::DType cuda_kernel_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kDouble:
-      return kc::DType::kDouble;
-    case at::kBFloat16:
-      return kc::DType::kBFloat16;
-    case at::kHalf:
-      return kc::DType::kHalf;
-    default:
-      return kc::DType::kFloat;
-  }
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_cuda_impl(const char* op,
-                                                                    at::TensorList tensors,
-                                                                    const at::Tensor* inv_scale,
-                                                                    bool per_tensor) {
+GradStatsTuple grad_stats_cuda_impl(const char* op, at::TensorList tensors,
+                                    const at::Tensor* inv_scale, bool per_tensor) {
   const at::Device device = check_float_tensor_list(op, "tensors", tensors);
   if (inv_scale) check_scalar_tensor(op, "inv_scale", *inv_scale, device);
   TORCH_CHECK(device.is_cuda(), "torchspeed.", op, ": tensors must be on a CUDA device, got ",
@@ -49,7 +35,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_cuda_impl(const char* 
   std::vector<kc::GradStatsTensor> list(work.size());
   for (size_t i = 0; i < work.size(); ++i) {
     list[i] = {work[i].numel() ? work[i].data_ptr() : nullptr, work[i].numel(),
-               cuda_kernel_dtype(work[i].scalar_type())};
+               kernel_dtype(work[i].scalar_type())};
   }
   at::Tensor scale;
   if (inv_scale) scale = inv_scale->contiguous();
@@ -75,22 +61,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_cuda_impl(const char* 
   return {total, per, found_inf};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_cuda(at::TensorList tensors,
-                                                               bool per_tensor) {
-  return grad_stats_cuda_impl("grad_stats", tensors, nullptr, per_tensor);
+GradStatsTuple grad_stats_cuda(const GradStatsArgs& a) {
+  return grad_stats_cuda_impl(GradStatsArgs::kName, a.tensors, nullptr, a.per_tensor);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_unscale_cuda(at::TensorList tensors,
-                                                                       const at::Tensor& inv_scale,
-                                                                       bool per_tensor) {
-  return grad_stats_cuda_impl("grad_stats_unscale_", tensors, &inv_scale, per_tensor);
+GradStatsTuple grad_stats_unscale_cuda(const GradStatsUnscaleArgs& a) {
+  return grad_stats_cuda_impl(GradStatsUnscaleArgs::kName, a.tensors, &a.inv_scale, a.per_tensor);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchspeed, CUDA, m) {
-  m.impl("grad_stats", &grad_stats_cuda);
-  m.impl("grad_stats_unscale_", &grad_stats_unscale_cuda);
+  TORCHSPEED_OP_IMPL(m, GradStatsArgs, grad_stats_cuda);
+  TORCHSPEED_OP_IMPL(m, GradStatsUnscaleArgs, grad_stats_unscale_cuda);
 }
 
 }  // namespace torchspeed::ops

@@ -5,14 +5,13 @@
 #include <torch/library.h>
 
 #include "ops/checks.h"
+#include "torchspeed/ops/optim.h"
 
 namespace torchspeed::ops {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_shapes(const char* op,
-                                                                 at::TensorList tensors,
-                                                                 const at::Tensor* inv_scale,
-                                                                 bool per_tensor) {
+GradStatsTuple grad_stats_shapes(const char* op, at::TensorList tensors,
+                                 const at::Tensor* inv_scale, bool per_tensor) {
   const at::Device device = check_float_tensor_list(op, "tensors", tensors);
   if (inv_scale) check_scalar_tensor(op, "inv_scale", *inv_scale, device);
   const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
@@ -21,22 +20,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_shapes(const char* op,
           at::empty({}, opts)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_meta(at::TensorList tensors,
-                                                               bool per_tensor) {
-  return grad_stats_shapes("grad_stats", tensors, nullptr, per_tensor);
+GradStatsTuple grad_stats_meta(const GradStatsArgs& a) {
+  return grad_stats_shapes(GradStatsArgs::kName, a.tensors, nullptr, a.per_tensor);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_stats_unscale_meta(at::TensorList tensors,
-                                                                       const at::Tensor& inv_scale,
-                                                                       bool per_tensor) {
-  return grad_stats_shapes("grad_stats_unscale_", tensors, &inv_scale, per_tensor);
+GradStatsTuple grad_stats_unscale_meta(const GradStatsUnscaleArgs& a) {
+  return grad_stats_shapes(GradStatsUnscaleArgs::kName, a.tensors, &a.inv_scale, a.per_tensor);
 }
 
 }  // namespace
 
 void register_grad_stats_validators(torch::Library& m) {
-  m.impl("grad_stats", &grad_stats_meta);
-  m.impl("grad_stats_unscale_", &grad_stats_unscale_meta);
+  TORCHSPEED_OP_IMPL(m, GradStatsArgs, grad_stats_meta);
+  TORCHSPEED_OP_IMPL(m, GradStatsUnscaleArgs, grad_stats_unscale_meta);
 }
 
 TORCH_LIBRARY_IMPL(torchspeed, Meta, m) { register_grad_stats_validators(m); }

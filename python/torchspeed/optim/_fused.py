@@ -362,8 +362,8 @@ class FusedOptimizer(Optimizer):
             after()
         elif prepared:
             if not compiling:
-                for _op, args, kwargs, _after in prepared:
-                    self._validate_call(args, kwargs)
+                for op, args, kwargs, _after in prepared:
+                    _validate_only(op, args, kwargs)
             self.state.update(staged)
             for op, args, kwargs, after in prepared:
                 op(*args, **kwargs)
@@ -474,10 +474,6 @@ class FusedOptimizer(Optimizer):
         """(op, args, kwargs, after): the fused op, its arguments, and what runs after it."""
         raise NotImplementedError
 
-    def _validate_call(self, args, kwargs) -> None:
-        """Runs the op's own argument validator (C++) on one prepared call."""
-        raise NotImplementedError
-
 
 def _missing(state: Dict[str, Any], keys: tuple) -> bool:
     # A loop, not `None in map(...)`: `in` would compare tensors with == None.
@@ -493,6 +489,11 @@ def _has_tensor(values) -> bool:
     )
 
 
-def _scalar_tensors(kwargs) -> tuple:
-    """The optional scalar tensors of an op call, in the validators' order."""
-    return kwargs["lr_tensor"], kwargs["grad_scale"], kwargs["found_inf"], kwargs["clip_coef"]
+# The ops' Meta kernels run exactly the validators the CPU and CUDA kernels run first, and write
+# nothing: redispatching a prepared call to them checks it on the real tensors without running it.
+_VALIDATE_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+
+
+def _validate_only(op, args, kwargs) -> None:
+    """Raises what `op(*args, **kwargs)` would raise about its arguments, and changes nothing."""
+    op.default.redispatch(_VALIDATE_ONLY, *args, **kwargs)

@@ -4,8 +4,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from .. import _C
-from ._fused import FusedOptimizer, _accept_torch_only_flags, _scalar_tensors
+from ._fused import FusedOptimizer, _accept_torch_only_flags
 
 
 class Adam(FusedOptimizer):
@@ -94,9 +93,6 @@ class Adam(FusedOptimizer):
             **scalars,
         )
         return torch.ops.torchspeed.adam_step_, args, kwargs, self._no_after
-
-    def _validate_call(self, args, kwargs):
-        _C.optim.validate_adam_step(*args, kwargs["amsgrad"], *_scalar_tensors(kwargs))
 
 
 class AdamW(Adam):

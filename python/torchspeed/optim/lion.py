@@ -4,8 +4,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from .. import _C
-from ._fused import FusedOptimizer, _scalar_tensors
+from ._fused import FusedOptimizer
 
 
 class Lion(FusedOptimizer):
@@ -57,9 +56,6 @@ class Lion(FusedOptimizer):
             **scalars,
         )
         return torch.ops.torchspeed.lion_step_, args, kwargs, self._no_after
-
-    def _validate_call(self, args, kwargs):
-        _C.optim.validate_lion_step(*args, *_scalar_tensors(kwargs))
 
 
 class LAMB(FusedOptimizer):
@@ -117,6 +113,3 @@ class LAMB(FusedOptimizer):
             **scalars,
         )
         return torch.ops.torchspeed.lamb_step_, args, kwargs, self._no_after
-
-    def _validate_call(self, args, kwargs):
-        _C.optim.validate_lamb_step(*args, *_scalar_tensors(kwargs))

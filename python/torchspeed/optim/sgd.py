@@ -5,7 +5,7 @@ from typing import Optional, Union
 import torch
 
 from .. import _C
-from ._fused import FusedOptimizer, _accept_torch_only_flags, _scalar_tensors
+from ._fused import FusedOptimizer, _accept_torch_only_flags
 
 
 class SGD(FusedOptimizer):
@@ -105,12 +105,3 @@ class SGD(FusedOptimizer):
                     s["momentum_buffer"] = None
 
         return torch.ops.torchspeed.sgd_step_, args, kwargs, after
-
-    def _validate_call(self, args, kwargs):
-        _C.optim.validate_sgd_step(
-            *args,
-            kwargs["momentum"],
-            kwargs["dampening"],
-            kwargs["nesterov"],
-            *_scalar_tensors(kwargs),
-        )

@@ -1,0 +1,106 @@
+// Builds a FusedStep from each fused optimizer op's arguments; see fused_step.h.
+#include "ops/fused_step.h"
+
+#include "ops/optim_checks.h"
+
+namespace torchspeed::ops {
+namespace {
+
+using kernels::OptimAlgo;
+using kernels::OptimHyper;
+
+/// The step with the lists and hyperparameters every algorithm has.
+template <class Args>
+FusedStep common(const Args& a, OptimAlgo algo) {
+  validate(a);
+  FusedStep s{};
+  s.op = Args::kName;
+  s.algo = algo;
+  s.params = a.params;
+  s.grads = a.grads;
+  s.masters = a.masters;
+  s.masks = a.masks;
+  s.emas = a.emas;
+  s.lr_tensor = &a.lr_tensor;
+  s.grad_scale = &a.grad_scale;
+  s.found_inf = &a.found_inf;
+  s.clip_coef = &a.clip_coef;
+  OptimHyper& h = s.hyper;
+  h.lr = a.lr;
+  h.weight_decay = static_cast<float>(a.weight_decay);
+  h.one_minus_ema_decay = static_cast<float>(1.0 - a.ema_decay);
+  h.maximize = a.maximize;
+  return s;
+}
+
+void set_betas(OptimHyper& h, double beta1, double beta2) {
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.beta2_f = static_cast<float>(beta2);
+  h.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  h.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+}
+
+at::TensorList element_of(at::TensorList list, size_t i) {
+  return list.empty() ? list : list.slice(i, 1);
+}
+
+}  // namespace
+
+FusedStep fused_step(const AdamStepArgs& a) {
+  FusedStep s = common(a, OptimAlgo::kAdam);
+  s.exp_avgs = a.exp_avgs;
+  s.exp_avg_sqs = a.exp_avg_sqs;
+  if (a.amsgrad) s.max_exp_avg_sqs = a.max_exp_avg_sqs;
+  s.steps = a.steps;
+  set_betas(s.hyper, a.beta1, a.beta2);
+  s.hyper.eps = static_cast<float>(a.eps);
+  s.hyper.amsgrad = a.amsgrad;
+  s.hyper.decoupled_weight_decay = a.decoupled_weight_decay;
+  return s;
+}
+
+FusedStep fused_step(const SgdStepArgs& a) {
+  FusedStep s = common(a, OptimAlgo::kSgd);
+  if (a.momentum != 0.0) s.exp_avgs = a.momentum_buffers;
+  s.hyper.momentum = static_cast<float>(a.momentum);
+  s.hyper.one_minus_dampening = static_cast<float>(1.0 - a.dampening);
+  s.hyper.nesterov = a.nesterov;
+  s.hyper.first_step = a.first_step;
+  return s;
+}
+
+FusedStep fused_step(const LionStepArgs& a) {
+  FusedStep s = common(a, OptimAlgo::kLion);
+  s.exp_avgs = a.exp_avgs;
+  s.steps = a.steps;
+  set_betas(s.hyper, a.beta1, a.beta2);
+  return s;
+}
+
+FusedStep fused_step(const LambStepArgs& a) {
+  FusedStep s = common(a, OptimAlgo::kLamb);
+  s.exp_avgs = a.exp_avgs;
+  s.exp_avg_sqs = a.exp_avg_sqs;
+  s.steps = a.steps;
+  set_betas(s.hyper, a.beta1, a.beta2);
+  s.hyper.eps = static_cast<float>(a.eps);
+  return s;
+}
+
+bool FusedStep::writes_overlap() const {
+  return params.size() > 1 && ops::writes_overlap({params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                                                   masters, steps, emas});
+}
+
+FusedStep FusedStep::element(size_t i) const {
+  FusedStep one = *this;
+  for (at::TensorList* list :
+       {&one.params, &one.grads, &one.exp_avgs, &one.exp_avg_sqs, &one.max_exp_avg_sqs,
+        &one.masters, &one.steps, &one.masks, &one.emas}) {
+    *list = element_of(*list, i);
+  }
+  return one;
+}
+
+}  // namespace torchspeed::ops

@@ -1,0 +1,40 @@
+// One fused optimizer step, independent of the device: built once from an op's argument struct
+// (validated, hyperparameters rounded as torch.optim rounds them), then run by the CPU
+// (ops/cpu/optim_cpu.cpp) or the CUDA (ops/cuda/optim_cuda.cpp) kernel driver.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstddef>
+
+#include "kernels/common/optim_types.h"
+#include "torchspeed/ops/optim.h"
+
+namespace torchspeed::ops {
+
+struct FusedStep {
+  const char* op;
+  kernels::OptimAlgo algo;
+  // One tensor per param, or empty when the algorithm or the call does not use the list.
+  at::TensorList params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, masks, emas;
+  const OptTensor* lr_tensor;
+  const OptTensor* grad_scale;
+  const OptTensor* found_inf;
+  const OptTensor* clip_coef;
+  kernels::OptimHyper hyper;
+
+  /// True when two tensors the step writes share memory (see writes_overlap in optim_checks.h):
+  /// the drivers then step the params one after the other, in list order, as torch.optim does.
+  bool writes_overlap() const;
+  /// The step of params[i] alone.
+  FusedStep element(size_t i) const;
+};
+
+/// Validates the op's arguments (every list, every scalar tensor, before anything is written) and
+/// returns the step. The struct must outlive the result.
+FusedStep fused_step(const AdamStepArgs& a);
+FusedStep fused_step(const SgdStepArgs& a);
+FusedStep fused_step(const LionStepArgs& a);
+FusedStep fused_step(const LambStepArgs& a);
+
+}  // namespace torchspeed::ops

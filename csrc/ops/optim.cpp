@@ -1,0 +1,106 @@
+// The optimizer area's ops: their schemas (a TORCH_LIBRARY_FRAGMENT of the torchspeed library,
+// see registration.cpp) and their C++ entry points (declared in <torchspeed/ops/optim.h>), which
+// call through the dispatcher. The kernels are registered per dispatch key in ops/cpu, ops/cuda
+// and ops/meta; each takes the op's argument struct.
+#include "torchspeed/ops/optim.h"
+
+#include <torch/library.h>
+
+#include "ops/checks.h"
+
+TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
+  // Global L2 norm (and optionally per-tensor norms) and a found-non-finite flag over a list of
+  // tensors in one pass. Outputs are float32 on the tensors' device: total_norm (0-dim),
+  // per_tensor_norms ([len(tensors)] if per_tensor else [0]), found_inf (0-dim, 1.0 or 0.0).
+  m.def(
+      "grad_stats(Tensor[] tensors, bool per_tensor=False) -> "
+      "(Tensor total_norm, Tensor per_tensor_norms, Tensor found_inf)");
+  // Same, after multiplying every tensor in place by inv_scale (a one-element float32 tensor);
+  // the non-finite check looks at the values before unscaling, like
+  // torch._amp_foreach_non_finite_check_and_unscale_.
+  m.def(
+      "grad_stats_unscale_(Tensor(a!)[] tensors, Tensor inv_scale, bool per_tensor=False) -> "
+      "(Tensor total_norm, Tensor per_tensor_norms, Tensor found_inf)");
+
+  // ---- Fused optimizer steps ----------------------------------------------------------------
+  // One call updates one parameter group. List arguments other than params/grads are either empty
+  // (feature off) or have one tensor per param. State (exp_avgs, ..., masters, emas) is float32 and
+  // contiguous. `steps` are float32 0-dim tensors as in torch.optim's state; they are incremented
+  // by the op. Scalar-valued tensors (lr_tensor, grad_scale, found_inf, clip_coef) are one-element
+  // float32 tensors on the params' device, read on the device on CUDA (no host sync):
+  //   lr_tensor  overrides lr (capturable / LR-as-tensor)
+  //   grad_scale the AMP scale: grads are divided by it (multiplied by 1/scale) in registers
+  //   found_inf  when 1.0 the whole step is skipped: params, state and steps untouched
+  //   clip_coef  grads are also multiplied by it (global-norm clipping computed by grad_stats)
+  // masks: float32 {0,1} per param; the new param is zeroed where mask == 0 (pruning).
+  // emas: float32 EMA copies, ema += (1 - ema_decay) * (param - ema) after the update.
+  m.def(
+      "adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] masters, "
+      "Tensor(f!)[] steps, Tensor[] masks, Tensor(g!)[] emas, *, float lr, float beta1, "
+      "float beta2, float eps, float weight_decay, bool amsgrad, bool maximize, "
+      "bool decoupled_weight_decay, Tensor? lr_tensor=None, Tensor? grad_scale=None, "
+      "Tensor? found_inf=None, Tensor? clip_coef=None, float ema_decay=0.0) -> ()");
+  // SGD with momentum/dampening/nesterov. first_step: the momentum buffers are (re)initialised
+  // from the gradient, as torch.optim does when a param has no buffer yet.
+  m.def(
+      "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, "
+      "Tensor(e!)[] masters, Tensor[] masks, Tensor(g!)[] emas, *, float lr, float momentum, "
+      "float dampening, float weight_decay, bool nesterov, bool maximize, bool first_step, "
+      "Tensor? lr_tensor=None, Tensor? grad_scale=None, Tensor? found_inf=None, "
+      "Tensor? clip_coef=None, float ema_decay=0.0) -> ()");
+  // Lion (Chen et al. 2023): p -= lr * sign(lerp(m, g, 1 - beta1)); m = lerp(m, g, 1 - beta2);
+  // decoupled weight decay p *= 1 - lr * wd.
+  m.def(
+      "lion_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(e!)[] masters, Tensor(f!)[] steps, Tensor[] masks, Tensor(g!)[] emas, *, float lr, "
+      "float beta1, float beta2, float weight_decay, bool maximize, Tensor? lr_tensor=None, "
+      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None, "
+      "float ema_decay=0.0) -> ()");
+  // LAMB (You et al. 2020) with bias correction: u = m_hat / (sqrt(v_hat) + eps) + wd * p,
+  // trust = ||p|| / ||u|| per tensor (1 when either is 0), p -= lr * trust * u.
+  m.def(
+      "lamb_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!)[] exp_avg_sqs, Tensor(e!)[] masters, Tensor(f!)[] steps, Tensor[] masks, "
+      "Tensor(g!)[] emas, *, float lr, float beta1, float beta2, float eps, float weight_decay, "
+      "bool maximize, Tensor? lr_tensor=None, Tensor? grad_scale=None, Tensor? found_inf=None, "
+      "Tensor? clip_coef=None, float ema_decay=0.0) -> ()");
+}
+
+namespace torchspeed {
+namespace {
+
+GradStats to_stats(GradStatsTuple t) {
+  return {std::move(std::get<0>(t)), std::move(std::get<1>(t)), std::move(std::get<2>(t))};
+}
+
+// An empty list has no tensor for the dispatcher to pick a kernel by: answer here, as
+// torch.nn.utils.clip_grad_norm_([]) does (norm 0, nothing non-finite), on `device`.
+GradStats empty_stats(const at::Device& device) {
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  return {at::zeros({}, opts), at::empty({0}, opts), at::zeros({}, opts)};
+}
+
+}  // namespace
+
+GradStats grad_stats(at::TensorList tensors, bool per_tensor) {
+  if (tensors.empty()) return empty_stats(at::kCPU);
+  return to_stats(op_args::call(GradStatsArgs{tensors, per_tensor}));
+}
+
+GradStats grad_stats_unscale_(at::TensorList tensors, const at::Tensor& inv_scale,
+                              bool per_tensor) {
+  if (tensors.empty()) {
+    ops::check_scalar_tensor(GradStatsUnscaleArgs::kName, "inv_scale", inv_scale,
+                             inv_scale.device());
+    return empty_stats(inv_scale.device());
+  }
+  return to_stats(op_args::call(GradStatsUnscaleArgs{tensors, inv_scale, per_tensor}));
+}
+
+void adam_step_(const AdamStepArgs& args) { op_args::call(args); }
+void sgd_step_(const SgdStepArgs& args) { op_args::call(args); }
+void lion_step_(const LionStepArgs& args) { op_args::call(args); }
+void lamb_step_(const LambStepArgs& args) { op_args::call(args); }
+
+}  // namespace torchspeed
