@@ -10,7 +10,9 @@ set(_ts_data_root "${CMAKE_CURRENT_LIST_DIR}/..")
 
 # Torch-free core: tar/index, .npy, decode + transforms, sampling (tested without libtorch).
 set(TORCHSPEED_DATA_CORE_SOURCES
-  "${_ts_data_root}/csrc/data/image.cpp"
+  "${_ts_data_root}/csrc/data/image_decode.cpp"
+  "${_ts_data_root}/csrc/data/image_resample.cpp"
+  "${_ts_data_root}/csrc/data/image_transform.cpp"
   "${_ts_data_root}/csrc/data/mapped_file.cpp"
   "${_ts_data_root}/csrc/data/npy.cpp"
   "${_ts_data_root}/csrc/data/sampling.cpp"
@@ -19,6 +21,10 @@ set(TORCHSPEED_DATA_CORE_SOURCES
 # Torch-aware loader (threads, batch slots, sources) behind include/torchspeed/data/loader.h.
 set(TORCHSPEED_DATA_SOURCES
   "${_ts_data_root}/csrc/data/loader.cpp"
+  "${_ts_data_root}/csrc/data/loader_device.cpp"
+  "${_ts_data_root}/csrc/data/loader_errors.cpp"
+  "${_ts_data_root}/csrc/data/loader_schedule.cpp"
+  "${_ts_data_root}/csrc/data/loader_workers.cpp"
   "${_ts_data_root}/csrc/data/sources.cpp"
 )
 set(TORCHSPEED_DATA_PYTHON_SOURCES "${_ts_data_root}/csrc/python/data_bindings.cpp")
@@ -28,7 +34,7 @@ set(TORCHSPEED_DATA_TEST_SOURCES
   "${_ts_data_root}/tests/cpp/data/test_npy.cpp"
   "${_ts_data_root}/tests/cpp/data/test_tar.cpp"
 )
-set(TORCHSPEED_DATA_INCLUDE_DIRS "${_ts_data_root}/csrc/data")
+set(TORCHSPEED_DATA_INCLUDE_DIRS "")  # its headers are included from csrc/ ("data/image.h")
 set(TORCHSPEED_DATA_LIBS "")
 set(TORCHSPEED_DATA_DEFINITIONS "")
 

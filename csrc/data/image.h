@@ -10,8 +10,7 @@
 #include "torchspeed/data/options.h"
 #include "torchspeed/export.h"
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 
 enum class ImageFormat { kUnknown, kJpeg, kPng };
 TORCHSPEED_API ImageFormat detect_image_format(const uint8_t* data, size_t size);
@@ -82,5 +81,4 @@ TORCHSPEED_API void process_image(const uint8_t* data, size_t size,
 TORCHSPEED_API void validate_transform_options(
     const ImageTransformOptions& opt);  // throws std::invalid_argument
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

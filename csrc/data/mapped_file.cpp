@@ -1,5 +1,5 @@
 // pread-based read-only file; errors name the path and say what changed or the OS reason.
-#include "mapped_file.h"
+#include "data/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,8 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 namespace {
 
 int64_t mtime_of(const struct stat& st) {
@@ -89,5 +88,4 @@ void ReadOnlyFile::read(uint64_t offset, size_t n, uint8_t* out, bool check_unch
   if (check_unchanged) this->check_unchanged();
 }
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

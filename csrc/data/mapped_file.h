@@ -8,8 +8,7 @@
 
 #include "torchspeed/export.h"
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 
 class TORCHSPEED_API ReadOnlyFile {
  public:
@@ -40,5 +39,4 @@ class TORCHSPEED_API ReadOnlyFile {
   int64_t mtime_ns_ = 0;
 };
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

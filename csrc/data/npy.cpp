@@ -1,12 +1,11 @@
 // Torch-free .npy header parser; strict, bounds-checked and overflow-checked (fuzzed).
-#include "npy.h"
+#include "data/npy.h"
 
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 namespace {
 
 [[noreturn]] void bad(const std::string& where, const std::string& what) {
@@ -160,5 +159,4 @@ NpyArray parse_npy_header(const uint8_t* data, size_t available, uint64_t file_s
   return a;
 }
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

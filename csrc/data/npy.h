@@ -8,8 +8,7 @@
 
 #include "torchspeed/export.h"
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 
 enum class NpyType {
   kBool,
@@ -48,5 +47,4 @@ TORCHSPEED_API NpyArray parse_npy_header(const uint8_t* data, size_t available, 
 
 TORCHSPEED_API const char* npy_type_name(NpyType t);
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

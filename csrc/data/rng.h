@@ -3,8 +3,7 @@
 
 #include <cstdint>
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 
 inline uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -43,5 +42,4 @@ class SampleRng {
   uint64_t state_;
 };
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

@@ -1,14 +1,13 @@
 // Torch-free epoch ordering (seeded Fisher-Yates from the counter-based generator, rank sharding).
-#include "sampling.h"
+#include "data/sampling.h"
 
 #include <numeric>
 #include <stdexcept>
 #include <string>
 
-#include "rng.h"
+#include "data/rng.h"
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 
 std::vector<int64_t> epoch_indices(int64_t n, bool shuffle, uint64_t seed, uint64_t epoch, int rank,
                                    int world_size, bool drop_uneven) {
@@ -40,5 +39,4 @@ std::vector<int64_t> epoch_indices(int64_t n, bool shuffle, uint64_t seed, uint6
   return mine;
 }
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

@@ -6,8 +6,7 @@
 
 #include "torchspeed/export.h"
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 
 // The sample indices one rank visits in `epoch`: a permutation of [0, n) from (seed, epoch) when
 // shuffle is set (identity otherwise); then, for world_size > 1, the list is cut to a multiple of
@@ -22,5 +21,4 @@ inline int64_t batch_count(int64_t count, int64_t batch_size, bool drop_last) {
   return drop_last ? count / batch_size : (count + batch_size - 1) / batch_size;
 }
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

@@ -1,30 +1,26 @@
 // Loader sources: WebDataset tar shards (pread + index), .npy files (pread) and in-memory tensors
 // (batched index_select). Files are read, never mapped, so one that shrinks under the loader gives
 // an error naming it, not a SIGBUS.
-#include "sources.h"
+#include "data/sources.h"
 
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 
-#include "mapped_file.h"
-#include "npy.h"
-#include "tar_reader.h"
-#include "utf8.h"
+#include "core/clock.h"
+#include "data/mapped_file.h"
+#include "data/npy.h"
+#include "data/tar_reader.h"
+#include "data/utf8.h"
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 at::ScalarType npy_to_torch(NpyType t) {
   switch (t) {
@@ -167,7 +163,7 @@ class WebDatasetSource final : public Source {
         // "read": pread the member (and its header, to check it against the index).
         thread_local std::vector<uint8_t> buf;
         const uint8_t* member = read_member(*sh.file, *sf, &buf);
-        if (ctx.times) ctx.times->read += since(t0);
+        if (ctx.times) ctx.times->read += seconds_since(t0);
         fill_field(f, sf->ext, member, static_cast<size_t>(sf->size), index, row, slot, ctx);
       }
     } catch (const std::exception& ex) {
@@ -241,14 +237,7 @@ class WebDatasetSource final : public Source {
                  "' in memory instead. Write the index again (torchspeed.data.write_shards) or ",
                  "delete it.");
     }
-    const ReadAt read = [&file](uint64_t offset, size_t n, uint8_t* out) {
-      file.read(offset, n, out, false);
-    };
-    ShardIndex index = ShardIndex::build(file.size(), read, file.path(), should_stop);
-    // A shard that changed while it was scanned could give an index of neither version.
-    file.check_unchanged();
-    index.shard_mtime_ns = file.mtime_ns();
-    return index;
+    return index_shard_file(file, should_stop);
   }
 
   void discover_fields() {
@@ -365,7 +354,7 @@ class WebDatasetSource final : public Source {
         if (used != s.size())
           throw std::runtime_error("." + ext + " is not an integer: '" + s.substr(0, 40) + "'");
         std::memcpy(row_ptr(t, row, row_bytes_[f]), &v, sizeof(v));
-        if (ctx.times) ctx.times->collate += since(t0);
+        if (ctx.times) ctx.times->collate += seconds_since(t0);
         break;
       }
       case Kind::kString: {
@@ -387,10 +376,10 @@ class WebDatasetSource final : public Source {
                                    c10::str(specs_[f].dtype) + " " +
                                    c10::str(at::IntArrayRef(specs_[f].shape)));
         }
-        if (ctx.times) ctx.times->decode += since(t0);
+        if (ctx.times) ctx.times->decode += seconds_since(t0);
         t0 = Clock::now();
         std::memcpy(row_ptr(t, row, row_bytes_[f]), data + a.data_offset, a.data_bytes);
-        if (ctx.times) ctx.times->collate += since(t0);
+        if (ctx.times) ctx.times->collate += seconds_since(t0);
         break;
       }
     }
@@ -450,7 +439,7 @@ class NpySource final : public Source {
         throw std::runtime_error("sample " + std::to_string(index) + ": " + e.what());
       }
     }
-    if (ctx.times) ctx.times->read += since(t0);
+    if (ctx.times) ctx.times->read += seconds_since(t0);
   }
 
  private:
@@ -501,7 +490,7 @@ class TensorSource final : public Source {
       at::Tensor out = (*slot.tensors)[f].narrow(0, 0, n);
       at::index_select_out(out, tensors_[f], 0, idx);
     }
-    if (ctx.times) ctx.times->collate += since(t0);
+    if (ctx.times) ctx.times->collate += seconds_since(t0);
   }
 
  private:
@@ -540,5 +529,40 @@ std::shared_ptr<Source> tensor_source(const std::vector<std::pair<std::string, a
 
 int64_t source_size(const Source& source) { return source.size(); }
 
-}  // namespace data
-}  // namespace torchspeed
+ShardIndex index_shard_file(const ReadOnlyFile& file, const std::function<bool()>& should_stop) {
+  const ReadAt read = [&file](uint64_t offset, size_t n, uint8_t* out) {
+    file.read(offset, n, out, false);
+  };
+  ShardIndex index = ShardIndex::build(file.size(), read, file.path(), should_stop);
+  // A shard that changed while it was scanned could give an index of neither version.
+  file.check_unchanged();
+  index.shard_mtime_ns = file.mtime_ns();
+  return index;
+}
+
+int64_t write_shard_index(const std::string& shard, const std::function<bool()>& should_stop) {
+  const ReadOnlyFile f(shard);
+  const ShardIndex idx = index_shard_file(f, should_stop);
+  for (const auto& s : idx.samples) {
+    if (!s.error.empty()) throw std::runtime_error(s.error);
+  }
+  const std::string bytes = idx.serialize();
+  // Written next to the final name and renamed, so a reader never sees half an index.
+  const std::string final_path = shard + ".idx", tmp_path = final_path + ".tmp";
+  {
+    std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) {
+      std::remove(tmp_path.c_str());
+      throw std::runtime_error("torchspeed.data: cannot write '" + tmp_path + "'");
+    }
+  }
+  if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
+    std::remove(tmp_path.c_str());
+    throw std::runtime_error("torchspeed.data: cannot write '" + final_path + "'");
+  }
+  return static_cast<int64_t>(idx.samples.size());
+}
+
+}  // namespace torchspeed::data

@@ -4,14 +4,16 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
-#include "image.h"
+#include "data/image.h"
+#include "data/mapped_file.h"
+#include "data/tar_reader.h"
 #include "torchspeed/data/loader.h"
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 
 struct FieldSpec {
   std::string name;
@@ -48,9 +50,13 @@ class Source {
     for (size_t r = 0; r < indices.size(); ++r)
       fill(indices[r], static_cast<int64_t>(r), slot, ctx);
   }
-  // Skipped-on-error samples that the source knows about up front (damaged tar ranges).
+  // How errors name sample `index` ("shard 'a.tar' sample 'k0004'").
   virtual std::string describe(int64_t index) const { return "sample " + std::to_string(index); }
 };
 
-}  // namespace data
-}  // namespace torchspeed
+// The index of one shard file, scanned with pread (`should_stop` polled; true throws Cancelled),
+// refused if the file changed during the scan.
+TORCHSPEED_API ShardIndex index_shard_file(const ReadOnlyFile& file,
+                                           const std::function<bool()>& should_stop);
+
+}  // namespace torchspeed::data

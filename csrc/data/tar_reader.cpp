@@ -1,13 +1,12 @@
 // Torch-free tar parser and WebDataset grouping; every read is bounds-checked (fuzzed by
 // tests/fuzz).
-#include "tar_reader.h"
+#include "data/tar_reader.h"
 
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 namespace {
 
 constexpr size_t kBlock = 512;
@@ -432,5 +431,4 @@ ShardIndex ShardIndex::deserialize(const uint8_t* data, size_t size, const std::
   return idx;
 }
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "torchspeed/data/options.h"
 #include "torchspeed/export.h"
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 
 // One regular file inside a tar: its name and where its bytes are.
 struct TarMember {
@@ -26,11 +26,8 @@ struct TarMember {
 // an index that points at other members.
 TORCHSPEED_API uint64_t tar_header_hash(const uint8_t* header);
 
-// Thrown by the indexing functions when their `should_stop` hook returns true (e.g. Ctrl-C).
-class TORCHSPEED_API Cancelled : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+// The indexing functions throw Cancelled (torchspeed/data/options.h) when their `should_stop` hook
+// returns true (e.g. Ctrl-C).
 
 // Reads exactly `n` bytes at `offset` into `out` or throws std::runtime_error (a file that
 // shrank, an I/O error). Lets the tar scanner read files with pread instead of mapping them.
@@ -99,5 +96,4 @@ struct TORCHSPEED_API ShardIndex {
   static ShardIndex deserialize(const uint8_t* data, size_t size, const std::string& where);
 };
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

@@ -8,8 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 
 // Length of the valid UTF-8 sequence starting at s[0] (1..4), or 0 if the bytes there are not
 // one (bad lead byte, bad or missing continuation, overlong form, surrogate, > U+10FFFF).
@@ -67,5 +66,4 @@ inline std::string escape_invalid_utf8(std::string_view s) {
   return out;
 }
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

@@ -22,7 +22,7 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
       "grad_stats_unscale_(Tensor(a!)[] tensors, Tensor inv_scale, bool per_tensor=False) -> "
       "(Tensor total_norm, Tensor per_tensor_norms, Tensor found_inf)");
 
-  // ---- Fused optimizer steps ----------------------------------------------------------------
+  // ---- Fused optimizer steps --------------------------------------------------------------------
   // One call updates one parameter group. List arguments other than params/grads are either empty
   // (feature off) or have one tensor per param. State (exp_avgs, ..., masters, emas) is float32 and
   // contiguous. `steps` are float32 0-dim tensors as in torch.optim's state; they are incremented

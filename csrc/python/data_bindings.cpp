@@ -3,21 +3,19 @@
 #include <torch/extension.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 
-#include "image.h"
-#include "mapped_file.h"
+#include "data/image.h"
+#include "data/mapped_file.h"
+#include "data/sources.h"
+#include "data/tar_reader.h"
+#include "data/utf8.h"
 #include "python/bindings.h"
-#include "sources.h"
-#include "tar_reader.h"
 #include "torchspeed/data/loader.h"
-#include "utf8.h"
 
 namespace py = pybind11;
 
@@ -27,54 +25,14 @@ namespace {
 using data::CropMode;
 using data::ImageTransformOptions;
 
-CropMode parse_mode(const std::string& s) {
-  if (s == "random_resized_crop") return CropMode::kRandomResizedCrop;
-  if (s == "resize_center_crop") return CropMode::kResizeCenterCrop;
-  if (s == "resize") return CropMode::kResize;
-  if (s == "none") return CropMode::kNone;
-  TORCH_CHECK(false, "torchspeed.data: crop must be 'random_resized_crop', 'resize_center_crop', ",
-              "'resize' or 'none', got '", s, "'");
-}
-
-// decode_scaling: "accurate" (or True), "fast", "off" (or False).
-data::DecodeScaling parse_decode_scaling(const py::object& v) {
+// decode_scaling from Python: a name, or True ("accurate") / False ("off").
+data::DecodeScaling decode_scaling_from(const py::object& v) {
   if (py::isinstance<py::bool_>(v)) {
     return v.cast<bool>() ? data::DecodeScaling::kAccurate : data::DecodeScaling::kOff;
   }
-  if (py::isinstance<py::str>(v)) {
-    const std::string s = v.cast<std::string>();
-    if (s == "accurate") return data::DecodeScaling::kAccurate;
-    if (s == "fast") return data::DecodeScaling::kFast;
-    if (s == "off") return data::DecodeScaling::kOff;
-  }
-  TORCH_CHECK(false, "torchspeed.data: decode_scaling must be True/'accurate', 'fast' or ",
-              "False/'off', got ", py::str(py::repr(v)).cast<std::string>());
-}
-
-const char* decode_scaling_name(data::DecodeScaling s) {
-  switch (s) {
-    case data::DecodeScaling::kAccurate:
-      return "accurate";
-    case data::DecodeScaling::kFast:
-      return "fast";
-    case data::DecodeScaling::kOff:
-      break;
-  }
-  return "off";
-}
-
-const char* mode_name(CropMode m) {
-  switch (m) {
-    case CropMode::kRandomResizedCrop:
-      return "random_resized_crop";
-    case CropMode::kResizeCenterCrop:
-      return "resize_center_crop";
-    case CropMode::kResize:
-      return "resize";
-    case CropMode::kNone:
-      return "none";
-  }
-  return "?";
+  return data::parse_decode_scaling(py::isinstance<py::str>(v)
+                                        ? v.cast<std::string>()
+                                        : py::str(py::repr(v)).cast<std::string>());
 }
 
 // Runs f and turns std::exception from the torch-free core into a Python exception with the text.
@@ -160,18 +118,6 @@ auto run_cancellable(F&& f) -> decltype(f()) {
   return std::move(*result);
 }
 
-// Indexes one shard file (pread, cancellable from Python).
-data::ShardIndex index_shard_file(const data::ReadOnlyFile& f,
-                                  const std::function<bool()>& should_stop) {
-  const data::ReadAt read = [&f](uint64_t offset, size_t n, uint8_t* out) {
-    f.read(offset, n, out, false);
-  };
-  data::ShardIndex idx = data::ShardIndex::build(f.size(), read, f.path(), should_stop);
-  f.check_unchanged();
-  idx.shard_mtime_ns = f.mtime_ns();
-  return idx;
-}
-
 py::dict stats_dict(const data::LoaderStats& s) {
   py::dict d;
   d["batches"] = s.batches;
@@ -201,8 +147,11 @@ void bind_data(py::module_& m) {
   py::class_<ImageTransformOptions>(d, "ImageTransformOptions")
       .def(py::init<>())
       .def_property(
-          "crop", [](const ImageTransformOptions& o) { return std::string(mode_name(o.mode)); },
-          [](ImageTransformOptions& o, const std::string& s) { o.mode = parse_mode(s); })
+          "crop",
+          [](const ImageTransformOptions& o) { return std::string(data::crop_mode_name(o.mode)); },
+          [](ImageTransformOptions& o, const std::string& s) {
+            o.mode = core_call([&] { return data::parse_crop_mode(s); });
+          })
       .def_readwrite("height", &ImageTransformOptions::height)
       .def_readwrite("width", &ImageTransformOptions::width)
       .def_readwrite("resize_size", &ImageTransformOptions::resize_size)
@@ -211,9 +160,11 @@ void bind_data(py::module_& m) {
       .def_readwrite("flip_prob", &ImageTransformOptions::flip_prob)
       .def_property(
           "decode_scaling",
-          [](const ImageTransformOptions& o) { return decode_scaling_name(o.decode_scaling); },
+          [](const ImageTransformOptions& o) {
+            return data::decode_scaling_name(o.decode_scaling);
+          },
           [](ImageTransformOptions& o, const py::object& v) {
-            o.decode_scaling = parse_decode_scaling(v);
+            o.decode_scaling = core_call([&] { return decode_scaling_from(v); });
           })
       .def_readwrite("max_image_pixels", &ImageTransformOptions::max_image_pixels)
       .def_readwrite("to_float", &ImageTransformOptions::to_float)
@@ -280,26 +231,12 @@ void bind_data(py::module_& m) {
       .def("start_epoch", &data::Loader::start_epoch, py::call_guard<py::gil_scoped_release>())
       .def("next",
            [](data::Loader& self) -> py::object {
-             // Waits in short GIL-free slices so Ctrl-C and other Python threads stay responsive.
-             const double timeout = self.options().timeout_s;
-             const auto t0 = std::chrono::steady_clock::now();
-             data::Batch b;
-             bool end = false;
-             while (true) {
-               bool got = false;
-               {
-                 py::gil_scoped_release release;
-                 got = self.next_for(0.05, &b, &end);
-               }
-               if (got) break;
-               if (end) return py::none();
-               if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-               const double waited =
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-               TORCH_CHECK(timeout <= 0 || waited < timeout,
-                           "torchspeed.data.DataLoader: timed out after ", timeout,
-                           " s waiting for a batch");
-             }
+             // Waits without the GIL; Ctrl-C (or a raising signal handler) stops the wait.
+             const auto should_stop = python_interrupt_check();
+             std::optional<data::Batch> batch =
+                 run_cancellable([&] { return self.next(should_stop); });
+             if (!batch) return py::none();
+             data::Batch& b = *batch;
              py::dict out;
              for (auto& [k, t] : b.tensors) out[py::str(k)] = py::cast(t);
              for (auto& [k, v] : b.strings) out[py::str(k)] = str_list(v);
@@ -398,30 +335,7 @@ void bind_data(py::module_& m) {
       "write_shard_index",
       [](const std::string& shard) {
         const auto should_stop = python_interrupt_check();
-        return run_cancellable([&] {
-          data::ReadOnlyFile f(shard);
-          const data::ShardIndex idx = index_shard_file(f, should_stop);
-          for (const auto& s : idx.samples) {
-            if (!s.error.empty()) throw std::runtime_error(s.error);
-          }
-          const std::string bytes = idx.serialize();
-          // Written next to the final name and renamed, so a reader never sees half an index.
-          const std::string final_path = shard + ".idx", tmp_path = final_path + ".tmp";
-          {
-            std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
-            out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-            out.close();
-            if (!out) {
-              std::remove(tmp_path.c_str());
-              throw std::runtime_error("torchspeed.data: cannot write '" + tmp_path + "'");
-            }
-          }
-          if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
-            std::remove(tmp_path.c_str());
-            throw std::runtime_error("torchspeed.data: cannot write '" + final_path + "'");
-          }
-          return static_cast<int64_t>(idx.samples.size());
-        });
+        return run_cancellable([&] { return data::write_shard_index(shard, should_stop); });
       },
       py::arg("shard"), "Index a tar shard and write '<shard>.idx'; returns the sample count.");
   d.def(
@@ -430,7 +344,7 @@ void bind_data(py::module_& m) {
         const auto should_stop = python_interrupt_check();
         return run_cancellable([&] {
           data::ReadOnlyFile f(shard);
-          const data::ShardIndex idx = index_shard_file(f, should_stop);
+          const data::ShardIndex idx = data::index_shard_file(f, should_stop);
           std::vector<std::pair<std::string, std::vector<std::string>>> out;
           for (const auto& s : idx.samples) {
             std::vector<std::string> exts;

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     if args.cmd == "bench":
         return benchmarks.run(args.name, args.args + extra)
     quick = [] if args.full else ["--quick"]
-    print("torchspeed demo: fused optimizer step and gradient statistics vs their torch anchors\n")
+    print("torchspeed demo: fused optimizer step, gradient statistics and the loader vs torch\n")
     status = 0
     for i, name in enumerate(("optim", "grad_stats", "loader")):
         if i:

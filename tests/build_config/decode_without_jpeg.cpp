@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "image.h"
+#include "data/image.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

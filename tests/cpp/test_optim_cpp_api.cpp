@@ -383,7 +383,7 @@ TEST_CASE("SGD: nesterov in a group without momentum steps like torch::optim::SG
   REQUIRE(torch::allclose(b.detach(), rb.detach()));
 }
 
-// ---- Lion and LAMB (no torch::optim counterpart: checked against float64 references) -----------
+// ---- Lion and LAMB (no torch::optim counterpart: checked against float64 references) ------------
 
 namespace {
 
@@ -747,7 +747,7 @@ TEST_CASE("Lion and LAMB on CUDA match their CPU results", "[cuda]") {
   });
 }
 
-// ---- hardening: shared validator, validate-then-write, per-group clipping, aliasing ------------
+// ---- hardening: shared validator, validate-then-write, per-group clipping, aliasing -------------
 
 TEST_CASE("the C++ optimizers reject exactly what the shared hyperparameter validator rejects") {
   auto good = torch::randn({3}).requires_grad_(true);

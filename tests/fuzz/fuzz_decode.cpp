@@ -4,8 +4,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "image.h"
-#include "npy.h"
+#include "data/image.h"
+#include "data/npy.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace torchspeed::data;

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "tar_reader.h"
+#include "data/tar_reader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace torchspeed::data;

@@ -1,4 +1,6 @@
-"""Shared pytest fixtures: run a test once per CPU ISA this machine can execute."""
+"""Shared pytest fixtures: run a test once per CPU ISA this machine can execute (`cpu_isa`), or
+once per device, the CPU once per ISA and CUDA (`device`), as extension-cpp's
+_test_correctness(device) does. What this machine lacks is skipped with the reason."""
 
 import pytest
 import torch
@@ -21,11 +23,35 @@ def pytest_report_header(config):
     )
 
 
+def cuda_skip_reason():
+    """Why the CUDA variant of a test cannot run here, or None."""
+    if not torch.cuda.is_available():
+        return "needs a CUDA device"
+    if not getattr(torchspeed._C, "with_cuda", False):
+        return "torchspeed built without CUDA"
+    return None
+
+
 @pytest.fixture(params=_ORDER)
 def cpu_isa(request, monkeypatch):
     """Forces TORCHSPEED_CPU_ISA for the test; an ISA this CPU or build lacks is skipped with the
     reason (never counted as a pass)."""
-    isa = request.param
+    return _force_isa(request.param, monkeypatch)
+
+
+@pytest.fixture(params=[f"cpu-{isa}" for isa in _ORDER] + ["cuda"])
+def device(request, monkeypatch):
+    """The device the test runs on: "cpu" (once per ISA, TORCHSPEED_CPU_ISA forced) or "cuda"."""
+    if request.param == "cuda":
+        reason = cuda_skip_reason()
+        if reason:
+            pytest.skip(reason)
+        return "cuda"
+    _force_isa(request.param.split("-", 1)[1], monkeypatch)
+    return "cpu"
+
+
+def _force_isa(isa, monkeypatch):
     if isa not in runnable_isas():
         pytest.skip(
             f"CPU ISA {isa} not runnable here (compiled: "

@@ -22,6 +22,10 @@ PACKAGE_LIB = Path(torchspeed.__file__).resolve().parent / "lib"
 needs_cmake = pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not on PATH")
 
 
+# The image pipeline's three sources (csrc/data/image_*.cpp).
+IMAGE_PARTS = ("decode", "resample", "transform")
+
+
 def _configure(build_dir: Path, *defs: str) -> subprocess.CompletedProcess:
     """Configure only (no compile): the C++ library alone, CPU, into build_dir."""
     args = [
@@ -135,12 +139,11 @@ def test_jpeg_decode_in_a_jpeg_off_build_names_the_option(tmp_path):
         "-O0",
         "-DTORCHSPEED_WITH_JPEG=0",
         f"-I{ROOT / 'include'}",
-        f"-I{ROOT / 'csrc' / 'data'}",
         f"-I{ROOT / 'csrc'}",
         # The resampler runs in the CPU kernel layer: its scalar unit and the dispatcher.
         "-DTORCHSPEED_CPU_ISA_NAMESPACE=isa_scalar",
         str(ROOT / "tests" / "build_config" / "decode_without_jpeg.cpp"),
-        str(ROOT / "csrc" / "data" / "image.cpp"),
+        *(str(ROOT / "csrc" / "data" / f"image_{part}.cpp") for part in IMAGE_PARTS),
         str(ROOT / "csrc" / "kernels" / "cpu" / "isa_scalar.cpp"),
         str(ROOT / "csrc" / "kernels" / "cpu" / "dispatch.cpp"),
         "-o",

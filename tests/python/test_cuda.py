@@ -1,6 +1,9 @@
-"""torchspeed's CUDA ops: grad_stats against torchspeed's CPU op (tested elsewhere against float64
-references), the fused optimizers against torch.optim on CUDA, GradScaler with injected inf/NaN,
-a full AMP step under torch.cuda.set_sync_debug_mode("error"), and opcheck of every CUDA op.
+"""What only the CUDA ops have: their kernels registered, multi-block and chunk-boundary cases,
+int64 indexing, CUDA against the CPU op where no torch reference exists (mixed dtypes, masters,
+masks/EMA/clip), a full AMP step under torch.cuda.set_sync_debug_mode("error"), graph capture,
+scalars read on the device, and opcheck with device scalar tensors. The comparisons that hold on
+any device (against torch.optim, float64 references, GradScaler, opcheck) run on CUDA through the
+`device` fixture of test_optim.py and test_ops.py.
 
 Every test is skipped with its reason without a CUDA device or without a CUDA build.
 TORCHSPEED_CUDA_TESTS_ON_CPU=1 runs the same comparisons with the "CUDA" side on the CPU, which
@@ -42,16 +45,6 @@ def _randn(shape, dtype, seed, scale=1.0):
     return (torch.randn(shape, generator=_gen(seed), dtype=torch.float64) * scale).to(dtype)
 
 
-def _grad_stats_inputs(dtype):
-    sizes = [0, 1, 65537, 3_000_000, 3, 65536, 4097]
-    sizes += [1 + i % 7 for i in range(300)]  # many tiny tensors: several launches
-    return [_randn((n,), dtype, seed=i) for i, n in enumerate(sizes)]
-
-
-def _tol(dtype):
-    return dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
-
-
 # ---- registration ----------------------------------------------------------------------------------
 
 
@@ -64,35 +57,6 @@ def test_cuda_kernel_registered(op):
 
 
 # ---- grad_stats ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("per_tensor", [False, True])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_grad_stats_matches_cpu_op(dtype, per_tensor):
-    cpu = _grad_stats_inputs(dtype)
-    dev = [t.to(DEV, copy=True) for t in cpu]
-    ref = torchspeed.ops.grad_stats(cpu, per_tensor=per_tensor)
-    out = torchspeed.ops.grad_stats(dev, per_tensor=per_tensor)
-    for r, o in zip(ref, out):
-        assert o.device.type == DEV and o.dtype == torch.float32
-        assert o.shape == r.shape
-    assert_close(out.total_norm.cpu(), ref.total_norm, **_tol(dtype))
-    assert_close(out.per_tensor_norms.cpu(), ref.per_tensor_norms, **_tol(dtype))
-    assert out.found_inf.item() == 0.0
-    assert out.per_tensor_norms.shape == ((len(cpu),) if per_tensor else (0,))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_grad_stats_unscale_matches_cpu_op(dtype):
-    cpu = _grad_stats_inputs(dtype)
-    dev = [t.to(DEV, copy=True) for t in cpu]
-    inv = torch.full((1,), 1.0 / 1024.0)
-    ref = torchspeed.ops.grad_stats(cpu, inv_scale=inv, per_tensor=True)
-    out = torchspeed.ops.grad_stats(dev, inv_scale=inv.to(DEV), per_tensor=True)
-    assert_close(out.total_norm.cpu(), ref.total_norm, **_tol(dtype))
-    assert_close(out.per_tensor_norms.cpu(), ref.per_tensor_norms, **_tol(dtype))
-    for c, d in zip(cpu, dev):  # x * inv_scale rounds the same way on both
-        assert_close(d.cpu(), c, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -158,15 +122,6 @@ def test_grad_stats_int64_indexing_past_2_pow_31():
     torch.cuda.empty_cache()
 
 
-def test_grad_stats_opcheck():
-    ts = [_randn((n,), torch.float32, seed=n).to(DEV) for n in (0, 1, 65537, 7)]
-    torch.library.opcheck(torch.ops.torchspeed.grad_stats.default, (ts, True))
-    torch.library.opcheck(
-        torch.ops.torchspeed.grad_stats_unscale_.default,
-        (ts, torch.full((1,), 0.5, device=DEV), True),
-    )
-
-
 # ---- optimizers against torch.optim on the same device ---------------------------------------------
 
 SHAPES = [(0,), (1,), (7, 3), (65537,), (300, 301)] + [(3,)] * 40  # > 24 tensors: several launches
@@ -184,101 +139,6 @@ def _grads(step, shapes=SHAPES, dtype=torch.float32):
         _randn(s, torch.float32, seed=10_000 * step + i).to(dtype).to(DEV)
         for i, s in enumerate(shapes)
     ]
-
-
-def _run_pair(ref_cls, ours_cls, steps=20, ref_kw=None, **kw):
-    ref, ours = _params(), _params()
-    ref_opt = ref_cls(ref, **{**kw, **(ref_kw or {})})
-    our_opt = ours_cls(ours, **kw)
-    for step in range(steps):
-        for a, b, g in zip(ref, ours, _grads(step)):
-            a.grad, b.grad = g.clone(), g.clone()
-        ref_opt.step()
-        our_opt.step()
-    return ref, ours, ref_opt, our_opt
-
-
-def _assert_params_and_state(ref, ours, ref_opt, our_opt, keys):
-    for a, b in zip(ref, ours):
-        assert_close(b, a, **FP32)
-        for key in keys:
-            theirs = ref_opt.state[a].get(key)
-            if theirs is None:
-                continue
-            # torch keeps `step` on the CPU unless capturable: compare values, not devices
-            assert_close(our_opt.state[b][key].cpu(), theirs.cpu(), **FP32)
-
-
-@pytest.mark.parametrize("tensor_lr", [False, True])
-@pytest.mark.parametrize("decay", [0.0, 0.1])
-@pytest.mark.parametrize("maximize", [False, True])
-@pytest.mark.parametrize("amsgrad", [False, True])
-@pytest.mark.parametrize("cls", ["Adam", "AdamW"])
-def test_adam_matches_torch_for_loop(cls, amsgrad, maximize, decay, tensor_lr):
-    lr = torch.tensor(1e-2, device=DEV) if tensor_lr else 1e-2
-    kw = dict(lr=lr, betas=(0.9, 0.99), weight_decay=decay, amsgrad=amsgrad, maximize=maximize)
-    ref, ours, ref_opt, our_opt = _run_pair(
-        getattr(torch.optim, cls),
-        getattr(torchspeed.optim, cls),
-        ref_kw=dict(foreach=False, capturable=tensor_lr and DEV == "cuda"),
-        **kw,
-    )
-    _assert_params_and_state(ref, ours, ref_opt, our_opt, ("exp_avg", "exp_avg_sq", "step"))
-    for b in ours:
-        assert our_opt.state[b]["step"].device.type == DEV
-        assert our_opt.state[b]["step"].item() == 20
-
-
-@pytest.mark.parametrize("maximize", [False, True])
-@pytest.mark.parametrize(
-    "momentum,dampening,nesterov,wd",
-    [
-        (0.0, 0.0, False, 0.0),
-        (0.9, 0.0, False, 0.0),
-        (0.9, 0.1, False, 1e-2),
-        (0.9, 0.0, True, 1e-2),
-    ],
-)
-def test_sgd_matches_torch_for_loop(momentum, dampening, nesterov, wd, maximize):
-    kw = dict(
-        lr=1e-2,
-        momentum=momentum,
-        dampening=dampening,
-        nesterov=nesterov,
-        weight_decay=wd,
-        maximize=maximize,
-    )
-    ref, ours, ref_opt, our_opt = _run_pair(
-        torch.optim.SGD, torchspeed.optim.SGD, ref_kw=dict(foreach=False), **kw
-    )
-    _assert_params_and_state(ref, ours, ref_opt, our_opt, ("momentum_buffer",))
-
-
-@pytest.mark.parametrize(
-    "cls,kw",
-    [
-        ("Lion", dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)),
-        ("Lion", dict(lr=1e-3, maximize=True)),
-        ("LAMB", dict(lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01)),
-        ("LAMB", dict(lr=1e-2, maximize=True, eps=1e-8)),
-    ],
-)
-def test_lion_lamb_match_cpu_op(cls, kw):
-    """torch.optim has no Lion/LAMB: compare against torchspeed's CPU op, itself tested against
-    float64 references in test_optim.py."""
-    opt_cls = getattr(torchspeed.optim, cls)
-    cpu = [_randn(s, torch.float32, seed=100 + i).requires_grad_() for i, s in enumerate(SHAPES)]
-    dev = _params()
-    cpu_opt, dev_opt = opt_cls(cpu, **kw), opt_cls(dev, **kw)
-    for step in range(20):
-        for a, b, g in zip(cpu, dev, _grads(step)):
-            a.grad, b.grad = g.to("cpu", copy=True), g.clone()
-        cpu_opt.step()
-        dev_opt.step()
-    for a, b in zip(cpu, dev):
-        assert_close(b.detach().cpu(), a.detach(), **FP32)
-        for key, value in cpu_opt.state[a].items():
-            assert_close(dev_opt.state[b][key].cpu(), value, **FP32)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -369,58 +229,6 @@ def test_mask_ema_and_clip_match_cpu_op():
 
 
 # ---- AMP -------------------------------------------------------------------------------------------
-
-
-def _amp_case(inject, ref_cls, ours_cls, **kw):
-    torch.manual_seed(0)
-    ref_model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
-    )
-    ref_model = ref_model.to(DEV)
-    our_model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
-    )
-    our_model = our_model.to(DEV)
-    our_model.load_state_dict(ref_model.state_dict())
-    ref_kw = dict(foreach=False) if ref_cls is not None else {}
-    ref_opt = ref_cls(ref_model.parameters(), **ref_kw, **kw)
-    our_opt = ours_cls(our_model.parameters(), **kw)
-    scalers = [torch.amp.GradScaler(DEV, init_scale=2.0**10, growth_interval=3) for _ in range(2)]
-    for step in range(12):
-        x = _randn((16, 32), torch.float32, seed=step).to(DEV)
-        for model, opt, scaler in zip((ref_model, our_model), (ref_opt, our_opt), scalers):
-            opt.zero_grad(set_to_none=True)
-            loss = model(x).pow(2).mean()
-            scaler.scale(loss).backward()
-            if step in inject:
-                model[0].weight.grad[1, 2] = inject[step]
-            scaler.step(opt)
-            scaler.update()
-        assert scalers[1].get_scale() == scalers[0].get_scale()
-    return ref_model, our_model, ref_opt, our_opt
-
-
-@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
-def test_grad_scaler_skips_like_torch(bad):
-    ref_model, our_model, ref_opt, our_opt = _amp_case(
-        {0: bad, 4: bad, 5: bad}, torch.optim.AdamW, torchspeed.optim.AdamW, lr=1e-2
-    )
-    for a, b in zip(ref_model.parameters(), our_model.parameters()):
-        assert_close(b, a, **FP32)
-        assert our_opt.state[b]["step"].item() == ref_opt.state[a]["step"].item() == 9
-        for key in ("exp_avg", "exp_avg_sq"):
-            assert_close(our_opt.state[b][key], ref_opt.state[a][key], **FP32)
-
-
-def test_grad_scaler_sgd_momentum():
-    ref_model, our_model, ref_opt, our_opt = _amp_case(
-        {3: float("inf")}, torch.optim.SGD, torchspeed.optim.SGD, lr=1e-2, momentum=0.9
-    )
-    for a, b in zip(ref_model.parameters(), our_model.parameters()):
-        assert_close(b, a, **FP32)
-        assert_close(
-            our_opt.state[b]["momentum_buffer"], ref_opt.state[a]["momentum_buffer"], **FP32
-        )
 
 
 @needs_real_cuda

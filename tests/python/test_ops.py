@@ -1,4 +1,5 @@
-"""torchspeed.ops.grad_stats against a float64 reference on every ISA, opcheck, and bad input."""
+"""torchspeed.ops.grad_stats against a float64 reference on every device (each CPU ISA, and CUDA),
+opcheck, and bad input."""
 
 import pytest
 import torch
@@ -10,15 +11,15 @@ from torchspeed.ops import grad_stats
 SIZES = [0, 1, 15, 16, 17, 255, 4097, 65537, 200_003]
 
 
-def sample_inputs(dtype, seed=0):
+def sample_inputs(dtype, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    ts = [torch.randn(n, generator=g).to(dtype) for n in SIZES]
-    ts.append(torch.randn(37, 19, generator=g).to(dtype).t())  # non-contiguous
+    ts = [torch.randn(n, generator=g).to(dtype).to(device) for n in SIZES]
+    ts.append(torch.randn(37, 19, generator=g).to(dtype).to(device).t())  # non-contiguous
     return ts
 
 
 def reference(ts, inv_scale=None):
-    xs = [t.double() * (inv_scale if inv_scale is not None else 1.0) for t in ts]
+    xs = [t.double().cpu() * (inv_scale if inv_scale is not None else 1.0) for t in ts]
     per = torch.stack([x.pow(2).sum().sqrt() for x in xs])
     return per.pow(2).sum().sqrt(), per
 
@@ -28,41 +29,42 @@ TOL = dict(rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-def test_grad_stats_matches_float64_reference(cpu_isa, dtype):
-    ts = sample_inputs(dtype)
+def test_grad_stats_matches_float64_reference(device, dtype):
+    ts = sample_inputs(dtype, device=device)
     total, per = reference(ts)
     out = grad_stats(ts, per_tensor=True)
     assert out.total_norm.dtype == torch.float32 and out.total_norm.dim() == 0
-    assert_close(out.total_norm.double(), total, **TOL)
-    assert_close(out.per_tensor_norms.double(), per, **TOL)
+    assert out.total_norm.device.type == device
+    assert_close(out.total_norm.double().cpu(), total, **TOL)
+    assert_close(out.per_tensor_norms.double().cpu(), per, **TOL)
     assert out.found_inf.item() == 0.0
     assert grad_stats(ts).per_tensor_norms.shape == (0,)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_grad_stats_unscale_matches_torch_amp_unscale(cpu_isa, dtype):
-    ts = sample_inputs(dtype, seed=1)
+def test_grad_stats_unscale_matches_torch_amp_unscale(device, dtype):
+    ts = sample_inputs(dtype, seed=1, device=device)
     expected = [t.clone() for t in ts]
-    inv = torch.full((1,), 1 / 1024.0)
-    found = torch.zeros(1)
+    inv = torch.full((1,), 1 / 1024.0, device=device)
+    found = torch.zeros(1, device=device)
     torch._amp_foreach_non_finite_check_and_unscale_(expected, found, inv)
     total, per = reference(ts, inv_scale=1 / 1024.0)
     out = grad_stats(ts, inv_scale=inv, per_tensor=True)
     for a, b in zip(ts, expected):
         assert torch.equal(a, b)  # same rounding as torch's unscale
-    assert_close(out.total_norm.double(), total, **TOL)
-    assert_close(out.per_tensor_norms.double(), per, **TOL)
+    assert_close(out.total_norm.double().cpu(), total, **TOL)
+    assert_close(out.per_tensor_norms.double().cpu(), per, **TOL)
     assert out.found_inf.item() == found.item() == 0.0
 
 
 @pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
 @pytest.mark.parametrize("where", [0, 17, 4096, 65536])
-def test_grad_stats_flags_non_finite(cpu_isa, bad, where):
-    ts = [torch.ones(5), torch.ones(70_000)]
+def test_grad_stats_flags_non_finite(device, bad, where):
+    ts = [torch.ones(5, device=device), torch.ones(70_000, device=device)]
     ts[1][where] = bad
     assert grad_stats(ts).found_inf.item() == 1.0
     # The unscale still happens (as torch's), and the flag comes from the pre-unscale value.
-    out = grad_stats(ts, inv_scale=torch.full((1,), 0.5))
+    out = grad_stats(ts, inv_scale=torch.full((1,), 0.5, device=device))
     assert out.found_inf.item() == 1.0
     assert ts[0][0].item() == 0.5
 
@@ -81,12 +83,13 @@ def test_grad_stats_result_independent_of_thread_count():
     assert torch.equal(one.per_tensor_norms, many.per_tensor_norms)
 
 
-def test_grad_stats_opcheck():
-    ts = [torch.randn(100), torch.randn(3, 7)]
+def test_grad_stats_opcheck(device):
+    ts = [torch.randn(100, device=device), torch.randn(3, 7, device=device), torch.randn(0)]
+    ts[2] = ts[2].to(device)
     torch.library.opcheck(torch.ops.torchspeed.grad_stats.default, (ts, True))
     torch.library.opcheck(
         torch.ops.torchspeed.grad_stats_unscale_.default,
-        ([t.clone() for t in ts], torch.ones(1) * 0.5, False),
+        ([t.clone() for t in ts], torch.ones(1, device=device) * 0.5, False),
     )
 
 

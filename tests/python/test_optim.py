@@ -1,5 +1,7 @@
 """torchspeed.optim against torch.optim's for-loop implementation (and float64 references for
-Lion and LAMB), on every CPU ISA: flags, groups, masters, AMP, state_dict, bad input."""
+Lion and LAMB): flags, groups, masters, AMP, state_dict, bad input. The comparisons that hold on
+any device take the `device` fixture (every CPU ISA, and CUDA when there is one); what only CUDA
+has (no host sync, graph capture, cross-device scalars) is in test_cuda.py."""
 
 import itertools
 
@@ -15,9 +17,15 @@ SHAPES = [(1037,), (65, 33), (7,), (3, 4099)]
 FP32 = dict(rtol=1e-6, atol=1e-6)
 
 
-def make_params(seed=0, dtype=torch.float32):
+def fp32(device):
+    """FP32 on the CPU; on CUDA torch's own kernels round differently (their vectorised
+    addcdiv/lerp), so 1e-5 relative."""
+    return FP32 if device == "cpu" else dict(rtol=1e-5, atol=1e-6)
+
+
+def make_params(seed=0, dtype=torch.float32, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=g).to(dtype) for s in SHAPES]
+    return [torch.randn(s, generator=g).to(dtype).to(device) for s in SHAPES]
 
 
 def run_pair(ref_opt, our_opt, ref_params, our_params, steps=100, seed=1, skip_grad=()):
@@ -28,8 +36,8 @@ def run_pair(ref_opt, our_opt, ref_params, our_params, steps=100, seed=1, skip_g
                 a.grad = b.grad = None
                 continue
             grad = torch.randn(a.shape, generator=g)
-            a.grad = grad.to(a.dtype)
-            b.grad = grad.to(b.dtype)
+            a.grad = grad.to(a.device, a.dtype)
+            b.grad = grad.to(b.device, b.dtype)
         ref_opt.step()
         our_opt.step()
 
@@ -42,20 +50,23 @@ ADAM_CASES = list(
 
 
 @pytest.mark.parametrize("amsgrad, maximize, decay, tensor_lr", ADAM_CASES)
-def test_adam_matches_torch_for_loop(cpu_isa, amsgrad, maximize, decay, tensor_lr):
+def test_adam_matches_torch_for_loop(device, amsgrad, maximize, decay, tensor_lr):
     wd, decoupled = decay
-    lr = torch.tensor(1e-2) if tensor_lr else 1e-2
-    ref, ours = make_params(), make_params()
+    lr = torch.tensor(1e-2, device=device) if tensor_lr else 1e-2
+    ref, ours = make_params(device=device), make_params(device=device)
     kw = dict(weight_decay=wd, amsgrad=amsgrad, maximize=maximize, decoupled_weight_decay=decoupled)
-    ref_opt = torch.optim.Adam(ref, lr=lr, foreach=False, **kw)
+    # torch takes a CUDA tensor lr only when capturable
+    capturable = tensor_lr and device == "cuda"
+    ref_opt = torch.optim.Adam(ref, lr=lr, foreach=False, capturable=capturable, **kw)
     our_opt = torchspeed.optim.Adam(ours, lr=lr, **kw)
     run_pair(ref_opt, our_opt, ref, ours, skip_grad=(2,))
     for a, b in zip(ref, ours):
-        assert_close(b, a, **FP32)
+        assert_close(b, a, **fp32(device))
     for a, b in zip(ref, ours):
         for key in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ()):
             if key in ref_opt.state[a]:
                 assert_close(our_opt.state[b][key], ref_opt.state[a][key], rtol=1e-5, atol=1e-7)
+                assert our_opt.state[b][key].device.type == device
         if ref_opt.state[a]:
             assert our_opt.state[b]["step"].item() == ref_opt.state[a]["step"].item()
         else:
@@ -90,8 +101,8 @@ def test_adamw_param_groups_and_add_param_group(cpu_isa):
         (0.5, 0.0, True, 0.0, True),
     ],
 )
-def test_sgd_matches_torch_for_loop(cpu_isa, momentum, dampening, nesterov, wd, maximize):
-    ref, ours = make_params(), make_params()
+def test_sgd_matches_torch_for_loop(device, momentum, dampening, nesterov, wd, maximize):
+    ref, ours = make_params(device=device), make_params(device=device)
     kw = dict(
         lr=1e-2,
         momentum=momentum,
@@ -104,7 +115,7 @@ def test_sgd_matches_torch_for_loop(cpu_isa, momentum, dampening, nesterov, wd, 
     our_opt = torchspeed.optim.SGD(ours, **kw)
     run_pair(ref_opt, our_opt, ref, ours, skip_grad=(1,))
     for a, b in zip(ref, ours):
-        assert_close(b, a, **FP32)
+        assert_close(b, a, **fp32(device))
         if momentum:
             ra, rb = (
                 ref_opt.state[a].get("momentum_buffer"),
@@ -112,7 +123,7 @@ def test_sgd_matches_torch_for_loop(cpu_isa, momentum, dampening, nesterov, wd, 
             )
             assert (ra is None) == (rb is None)
             if ra is not None:
-                assert_close(rb, ra, **FP32)
+                assert_close(rb, ra, **fp32(device))
 
 
 def test_bf16_params_master_trajectory_matches_fp32_torch(cpu_isa):
@@ -145,18 +156,18 @@ def test_master_weights_false_updates_low_precision_param_directly():
     assert torch.equal(p, (before.float() - 0.1).half())
 
 
-def _amp_case(inject, opt_cls_ref, opt_cls_ours, **kw):
+def _amp_case(inject, opt_cls_ref, opt_cls_ours, device="cpu", **kw):
     torch.manual_seed(0)
-    ref_model = torch.nn.Linear(20, 10)
-    our_model = torch.nn.Linear(20, 10)
+    ref_model = torch.nn.Linear(20, 10).to(device)
+    our_model = torch.nn.Linear(20, 10).to(device)
     our_model.load_state_dict(ref_model.state_dict())
     ref_opt = opt_cls_ref(ref_model.parameters(), foreach=False, **kw)
     our_opt = opt_cls_ours(our_model.parameters(), **kw)
-    ref_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
-    our_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    ref_scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=3)
+    our_scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=3)
     g = torch.Generator().manual_seed(3)
     for step in range(12):
-        x = torch.randn(8, 20, generator=g)
+        x = torch.randn(8, 20, generator=g).to(device)
         for model, opt, scaler in (
             (ref_model, ref_opt, ref_scaler),
             (our_model, our_opt, our_scaler),
@@ -173,22 +184,22 @@ def _amp_case(inject, opt_cls_ref, opt_cls_ours, **kw):
 
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
-def test_grad_scaler_skips_like_torch(cpu_isa, bad):
+def test_grad_scaler_skips_like_torch(device, bad):
     ref_model, our_model, ref_opt, our_opt = _amp_case(
-        {0: bad, 4: bad, 5: bad}, torch.optim.AdamW, torchspeed.optim.AdamW, lr=1e-2
+        {0: bad, 4: bad, 5: bad}, torch.optim.AdamW, torchspeed.optim.AdamW, device, lr=1e-2
     )
     for a, b in zip(ref_model.parameters(), our_model.parameters()):
-        assert_close(b, a, **FP32)
+        assert_close(b, a, **fp32(device))
         assert our_opt.state[b]["step"].item() == ref_opt.state[a]["step"].item() == 9
         assert_close(our_opt.state[b]["exp_avg"], ref_opt.state[a]["exp_avg"], rtol=1e-5, atol=1e-7)
 
 
-def test_grad_scaler_sgd(cpu_isa):
+def test_grad_scaler_sgd(device):
     ref_model, our_model, _, _ = _amp_case(
-        {2: float("inf")}, torch.optim.SGD, torchspeed.optim.SGD, lr=1e-2, momentum=0.9
+        {2: float("inf")}, torch.optim.SGD, torchspeed.optim.SGD, device, lr=1e-2, momentum=0.9
     )
     for a, b in zip(ref_model.parameters(), our_model.parameters()):
-        assert_close(b, a, **FP32)
+        assert_close(b, a, **fp32(device))
 
 
 def test_max_grad_norm_matches_clip_grad_norm(cpu_isa):
@@ -277,7 +288,7 @@ def lamb_reference(p, grads, lr, betas, eps, wd):
     return p
 
 
-def test_lion_and_lamb_match_float64_reference(cpu_isa):
+def test_lion_and_lamb_match_float64_reference(device):
     g = torch.Generator().manual_seed(11)
     p0 = torch.randn(5000, generator=g)
     grads = [torch.randn(5000, generator=g) for _ in range(30)]
@@ -290,13 +301,13 @@ def test_lion_and_lamb_match_float64_reference(cpu_isa):
             2e-5,
         ),
     ):
-        p = p0.clone()
+        p = p0.clone().to(device)
         args = {k if k != "wd" else "weight_decay": v for k, v in kw.items()}
         opt = cls([p], **args)
         for grad in grads:
-            p.grad = grad.clone()
+            p.grad = grad.to(device)
             opt.step()
-        assert_close(p.double(), ref_fn(p0, grads, **kw), rtol=tol, atol=tol)
+        assert_close(p.double().cpu(), ref_fn(p0, grads, **kw), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -423,8 +434,8 @@ def test_constructor_errors_and_torch_flags():
     torchspeed.optim.AdamW(p, foreach=True, fused=True)  # accepted, always fused
 
 
-def test_optim_ops_opcheck():
-    ps = [torch.randn(10), torch.randn(3, 4)]
+def test_optim_ops_opcheck(device):
+    ps = [torch.randn(10, device=device), torch.randn(3, 4, device=device)]
     args = (
         ps,
         [torch.randn_like(p) for p in ps],
@@ -432,7 +443,7 @@ def test_optim_ops_opcheck():
         [torch.zeros_like(p) for p in ps],
         [],
         [],
-        [torch.zeros(()) for _ in ps],
+        [torch.zeros((), device=device) for _ in ps],
         [],
         [],
     )
@@ -518,18 +529,18 @@ def test_nesterov_in_a_group_without_momentum_steps_like_torch():
 
 
 @pytest.mark.parametrize("cls, kw", [("AdamW", {}), ("SGD", {"momentum": 0.9})])
-def test_channels_last_params_match_torch(cpu_isa, cls, kw):
+def test_channels_last_params_match_torch(device, cls, kw):
     torch.manual_seed(0)
-    ref = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
-    ours = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    ref = torch.nn.Conv2d(3, 8, 3).to(device, memory_format=torch.channels_last)
+    ours = torch.nn.Conv2d(3, 8, 3).to(device, memory_format=torch.channels_last)
     ours.load_state_dict(ref.state_dict())
     assert not ours.weight.is_contiguous()
     ref_opt = getattr(torch.optim, cls)(ref.parameters(), lr=0.01, foreach=False, **kw)
     our_opt = getattr(torchspeed.optim, cls)(ours.parameters(), lr=0.01, **kw)
-    mask = (torch.rand(8, 3, 3, 3) > 0.3).float()  # logical (NCHW) order
+    mask = (torch.rand(8, 3, 3, 3) > 0.3).float().to(device)  # logical (NCHW) order
     our_opt.set_mask(ours.weight, mask)
     for _ in range(10):
-        x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+        x = torch.randn(2, 3, 8, 8).to(device, memory_format=torch.channels_last)
         for m, opt in ((ref, ref_opt), (ours, our_opt)):
             opt.zero_grad()
             m(x).square().mean().backward()

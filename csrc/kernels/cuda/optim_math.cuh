@@ -10,8 +10,7 @@
 
 namespace torchspeed::kernels::cuda {
 
-// ---- per element
-// ---------------------------------------------------------------------------------
+// ---- per element --------------------------------------------------------------------------------
 
 /// load_grad: scaled (AMP unscale x clip coefficient) and negated for maximize.
 TORCHSPEED_HD float scale_grad(const OptimHyper& h, const StepScalars& s, float g) {

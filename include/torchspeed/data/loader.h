@@ -36,8 +36,7 @@
 #include "torchspeed/data/options.h"
 #include "torchspeed/export.h"
 
-namespace torchspeed {
-namespace data {
+namespace torchspeed::data {
 
 // A random-access collection of samples (see the factory functions below).
 class Source;
@@ -110,7 +109,9 @@ class TORCHSPEED_API Loader {
   void start_epoch();
   // The next batch in order, or nullopt at the end of the epoch. Data errors (corrupt image,
   // missing field, ...) throw std::runtime_error naming the shard and the sample key.
-  std::optional<Batch> next();
+  // `should_stop`, when set, is called between short waits (about 50 ms); true throws Cancelled
+  // (how Python's Ctrl-C reaches a waiting loop). timeout_s applies either way.
+  std::optional<Batch> next(const std::function<bool()>& should_stop = {});
   // Like next() but waits at most `wait_s`; returns false (and leaves `out` alone) if nothing
   // arrived yet. `*end` is set at the end of the epoch. Used by bindings to stay interruptible.
   bool next_for(double wait_s, Batch* out, bool* end);
@@ -145,5 +146,11 @@ class TORCHSPEED_API Loader {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace data
-}  // namespace torchspeed
+// Indexes the WebDataset tar `shard` and writes `<shard>.idx` next to it (atomically: a reader
+// never sees half an index), which later loads read instead of scanning the tar. Returns the
+// number of samples. Throws std::runtime_error for a damaged shard, Cancelled when `should_stop`
+// returns true.
+TORCHSPEED_API int64_t write_shard_index(const std::string& shard,
+                                         const std::function<bool()>& should_stop = {});
+
+}  // namespace torchspeed::data

@@ -4,11 +4,13 @@
 
 #include <array>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
-namespace torchspeed {
-namespace data {
+#include "torchspeed/export.h"
+
+namespace torchspeed::data {
 
 // How an image field is turned into a fixed-size output.
 //  kRandomResizedCrop: torchvision RandomResizedCrop(size=(height, width), scale, ratio).
@@ -26,6 +28,21 @@ enum class CropMode { kNone, kResize, kResizeCenterCrop, kRandomResizedCrop };
 //  kFast:     scale whenever the decoded crop stays >= the output (up to ~7 levels mean, 50 max
 //             on textured images; pixels then follow PIL's Image.draft instead of a full decode).
 enum class DecodeScaling { kOff, kAccurate, kFast };
+
+// The names Python uses for these ("random_resized_crop", "resize_center_crop", "resize", "none";
+// "accurate", "fast", "off"), and back: an unknown name throws std::invalid_argument listing the
+// valid ones.
+TORCHSPEED_API const char* crop_mode_name(CropMode mode);
+TORCHSPEED_API CropMode parse_crop_mode(const std::string& name);
+TORCHSPEED_API const char* decode_scaling_name(DecodeScaling scaling);
+TORCHSPEED_API DecodeScaling parse_decode_scaling(const std::string& name);
+
+// Thrown by long-running calls (indexing a shard, waiting for a batch) when their `should_stop`
+// hook returns true, e.g. on Ctrl-C.
+class TORCHSPEED_API Cancelled : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // Pillow's error threshold (2 * PIL.Image.MAX_IMAGE_PIXELS): larger images are decompression
 // bombs unless the limit is raised.
@@ -68,5 +85,4 @@ struct LoaderStats {
   std::string last_error;         // last skipped sample's error message
 };
 
-}  // namespace data
-}  // namespace torchspeed
+}  // namespace torchspeed::data

@@ -25,8 +25,7 @@ namespace torchspeed {
 using OptTensor = std::optional<at::Tensor>;
 using GradStatsTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-// ---- grad_stats, grad_stats_unscale_
-// -------------------------------------------------------------
+// ---- grad_stats, grad_stats_unscale_ ------------------------------------------------------------
 
 #define TORCHSPEED_GRAD_STATS_ARGS(X) \
   X(at::TensorList, tensors, {})      \
@@ -40,8 +39,7 @@ TORCHSPEED_OP_ARGS(GradStatsArgs, "grad_stats", GradStatsTuple, TORCHSPEED_GRAD_
 TORCHSPEED_OP_ARGS(GradStatsUnscaleArgs, "grad_stats_unscale_", GradStatsTuple,
                    TORCHSPEED_GRAD_STATS_UNSCALE_ARGS);
 
-// ---- fused optimizer steps
-// -----------------------------------------------------------------------
+// ---- fused optimizer steps ----------------------------------------------------------------------
 
 /// The arguments every fused step ends with: scalar tensors read on the device, and the EMA decay.
 #define TORCHSPEED_STEP_TAIL_ARGS(X)     \
@@ -123,8 +121,7 @@ TORCHSPEED_OP_ARGS(LionStepArgs, "lion_step_", void, TORCHSPEED_LION_STEP_ARGS);
   TORCHSPEED_STEP_TAIL_ARGS(X)
 TORCHSPEED_OP_ARGS(LambStepArgs, "lamb_step_", void, TORCHSPEED_LAMB_STEP_ARGS);
 
-// ---- entry points (csrc/ops/optim.cpp)
-// -----------------------------------------------------------
+// ---- entry points (csrc/ops/optim.cpp) ----------------------------------------------------------
 
 /// What grad_stats returns: float32 tensors on the inputs' device.
 struct GradStats {

@@ -4,9 +4,9 @@
 #include <string>
 
 #include "catch_shim.h"
+#include "data/image.h"
+#include "data/sampling.h"
 #include "data_test_utils.h"
-#include "image.h"
-#include "sampling.h"
 
 using namespace torchspeed::data;
 using namespace torchspeed::data::testing;

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "catch_shim.h"
+#include "data/sources.h"
 #include "data_test_utils.h"
-#include "sources.h"
 #include "torchspeed/data/loader.h"
 
 namespace fs = std::filesystem;

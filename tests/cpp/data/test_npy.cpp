@@ -2,8 +2,8 @@
 #include <string>
 
 #include "catch_shim.h"
+#include "data/npy.h"
 #include "data_test_utils.h"
-#include "npy.h"
 
 using namespace torchspeed::data;
 using torchspeed::data::testing::bytes;

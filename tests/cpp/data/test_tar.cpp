@@ -7,9 +7,9 @@
 #include <string>
 
 #include "catch_shim.h"
+#include "data/mapped_file.h"
+#include "data/tar_reader.h"
 #include "data_test_utils.h"
-#include "mapped_file.h"
-#include "tar_reader.h"
 
 using namespace torchspeed::data;
 using torchspeed::data::testing::bytes;
