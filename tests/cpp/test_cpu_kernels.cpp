@@ -343,8 +343,9 @@ TEST_CASE("resampler passes equal an int64 reference on every ISA, bytes identic
         }
       }
     }
-    // Vertical: lengths around every vector width, a stride wider than the row.
-    for (size_t n : {1u, 7u, 8u, 15u, 16u, 17u, 33u, 672u}) {
+    // Vertical: lengths around every vector width and the 4-vector unroll, a stride wider than the
+    // row.
+    for (size_t n : {1u, 7u, 8u, 15u, 16u, 17u, 31u, 32u, 33u, 63u, 64u, 65u, 100u, 672u}) {
       const size_t stride = n + 5;
       const int rows = 9;
       std::vector<uint8_t> img(stride * rows);

@@ -77,3 +77,10 @@ def test_console_script_and_module_entry_points(tmp_path):
         text=True,
     )
     assert r.returncode == 0 and "--device" in r.stdout, r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "torchspeed", "bench", "--help"],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and "loader_gpu" in r.stdout, r.stderr

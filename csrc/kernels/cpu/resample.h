@@ -70,14 +70,32 @@ void resample_horizontal_row(const uint8_t* row, int src_w, const int* bounds, c
 }
 
 /// Vertical pass for one output row: out[i] for i < n, summing rows[(first + y) * stride + i] *
-/// k[y] over y < count, in V::I32 lanes (the accumulator stays in registers).
+/// k[y] over y < count, in V::I32 lanes (the accumulators stay in registers). Four vectors of
+/// lanes per tap row, so each tap reads a whole 32-64 byte run of its row rather than a sliver
+/// (with many taps, one vector per row touched `count` cache lines for 8-16 bytes each).
 template <typename V>
 void resample_vertical_row(const uint8_t* rows, size_t stride, int first, int count, const int* k,
                            size_t n, uint8_t* out) {
   using I = typename V::I32;
+  constexpr size_t W = I::kWidth;
   const uint8_t* base = rows + static_cast<size_t>(first) * stride;
   size_t i = 0;
-  for (; i + I::kWidth <= n; i += I::kWidth) {
+  for (; i + 4 * W <= n; i += 4 * W) {
+    I a0(kResampleHalf), a1(kResampleHalf), a2(kResampleHalf), a3(kResampleHalf);
+    for (int y = 0; y < count; ++y) {
+      const uint8_t* p = base + static_cast<size_t>(y) * stride + i;
+      const I ky(k[y]);
+      a0 = a0 + I::load_u8(p) * ky;
+      a1 = a1 + I::load_u8(p + W) * ky;
+      a2 = a2 + I::load_u8(p + 2 * W) * ky;
+      a3 = a3 + I::load_u8(p + 3 * W) * ky;
+    }
+    sra(a0, kResamplePrecisionBits).store_u8_saturate(out + i);
+    sra(a1, kResamplePrecisionBits).store_u8_saturate(out + i + W);
+    sra(a2, kResamplePrecisionBits).store_u8_saturate(out + i + 2 * W);
+    sra(a3, kResamplePrecisionBits).store_u8_saturate(out + i + 3 * W);
+  }
+  for (; i + W <= n; i += W) {
     I acc(kResampleHalf);
     for (int y = 0; y < count; ++y) {
       acc = acc + I::load_u8(base + static_cast<size_t>(y) * stride + i) * I(k[y]);

@@ -474,4 +474,44 @@ TEST_CASE("loader: timeout raises instead of hanging; destruction stays prompt",
   CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() < 1.5);
 }
 
+TEST_CASE("loader: next(should_stop) throws Cancelled promptly while a batch is not ready",
+          "[data][loader]") {
+  tsd::LoaderOptions o;
+  o.batch_size = 16;
+  o.num_workers = 1;
+  tsd::Loader loader(std::make_shared<SlowSource>(100), o);  // a batch needs ~1.6 s
+  int polls = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(loader.next([&] { return ++polls >= 3; }), tsd::Cancelled);
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
+  CHECK(polls == 3);
+  // Without a stop the same loader still delivers, from the first batch.
+  auto b = loader.next();
+  REQUIRE(b.has_value());
+  CHECK(b->index == 0);
+}
+
+TEST_CASE("write_shard_index writes <shard>.idx atomically; the loader reads it",
+          "[data][loader]") {
+  TempDir dir;
+  const auto urls = make_shards(dir.path, 1, 5);
+  CHECK(tsd::write_shard_index(urls[0]) == 5);
+  CHECK(fs::exists(urls[0] + ".idx"));
+  CHECK(!fs::exists(urls[0] + ".idx.tmp"));
+  tsd::LoaderOptions o;
+  o.batch_size = 5;
+  tsd::Loader loader(tsd::webdataset_source(wds_options(urls)), o);
+  auto b = loader.next();
+  REQUIRE(b.has_value());
+  CHECK(b->tensors.at("cls").size(0) == 5);
+  // The scan polls its hook every 256 tar headers: 200 samples are 400 headers.
+  TempDir big;
+  const auto many = make_shards(big.path, 1, 200);
+  CHECK_THROWS_AS(tsd::write_shard_index(many[0], [] { return true; }), tsd::Cancelled);
+  CHECK(!fs::exists(many[0] + ".idx"));
+  CHECK(error_of([&] {
+          tsd::write_shard_index((dir.path / "missing.tar").string());
+        }).find("missing.tar") != std::string::npos);
+}
+
 }  // namespace
