@@ -70,17 +70,11 @@ def test_console_script_and_module_entry_points(tmp_path):
         pytest.skip("the torchspeed console script is not on PATH (not a pip install?)")
     r = subprocess.run([exe, "bench", "--help"], cwd=str(tmp_path), capture_output=True, text=True)
     assert r.returncode == 0 and "loader_gpu" in r.stdout, r.stderr
-    r = subprocess.run(
-        [sys.executable, "-m", "torchspeed.benchmarks", "optim", "--help"],
-        cwd=str(tmp_path),
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0 and "--device" in r.stdout, r.stderr
-    r = subprocess.run(
-        [sys.executable, "-m", "torchspeed", "bench", "--help"],
-        cwd=str(tmp_path),
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0 and "loader_gpu" in r.stdout, r.stderr
+    for module, args, expected in (
+        ("torchspeed.benchmarks", ["optim", "--help"], "--device"),
+        ("torchspeed", ["bench", "--help"], "loader_gpu"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", module, *args], cwd=str(tmp_path), capture_output=True, text=True
+        )
+        assert r.returncode == 0 and expected in r.stdout, (module, r.stderr)
