@@ -45,6 +45,15 @@ at::TensorList element_of(at::TensorList list, size_t i) {
   return list.empty() ? list : list.slice(i, 1);
 }
 
+// Elements [begin, ...) of tensor i of `list`; null when the list is empty or the tensor is.
+void* at_element(at::TensorList list, size_t i, int64_t begin) {
+  if (list.empty() || list[i].numel() == 0) return nullptr;
+  return static_cast<char*>(list[i].data_ptr()) + begin * list[i].element_size();
+}
+float* f32_at(at::TensorList list, size_t i, int64_t begin) {
+  return static_cast<float*>(at_element(list, i, begin));
+}
+
 }  // namespace
 
 FusedStep fused_step(const AdamStepArgs& a) {
@@ -101,6 +110,32 @@ FusedStep FusedStep::element(size_t i) const {
     *list = element_of(*list, i);
   }
   return one;
+}
+
+std::vector<at::Tensor> FusedStep::grads_like_params() const {
+  std::vector<at::Tensor> out(grads.begin(), grads.end());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = grad_like_param(out[i], params[i]);
+  return out;
+}
+
+kernels::OptimTensor FusedStep::tensor(size_t i, const at::Tensor& grad, int64_t begin,
+                                       int64_t length) const {
+  kernels::OptimTensor t{};
+  t.param = at_element(params, i, begin);
+  t.grad = t.param == nullptr
+               ? nullptr
+               : static_cast<const char*>(grad.const_data_ptr()) + begin * grad.element_size();
+  t.master = f32_at(masters, i, begin);
+  t.exp_avg = f32_at(exp_avgs, i, begin);
+  t.exp_avg_sq = f32_at(exp_avg_sqs, i, begin);
+  t.max_exp_avg_sq = f32_at(max_exp_avg_sqs, i, begin);
+  t.mask = f32_at(masks, i, begin);
+  t.ema = f32_at(emas, i, begin);
+  t.step = f32_at(steps, i, 0);
+  t.numel = length;
+  t.param_dtype = kernel_dtype(params[i].scalar_type());
+  t.grad_dtype = kernel_dtype(grad.scalar_type());
+  return t;
 }
 
 }  // namespace torchspeed::ops

@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "kernels/common/optim_types.h"
 #include "torchspeed/ops/optim.h"
@@ -28,6 +30,12 @@ struct FusedStep {
   bool writes_overlap() const;
   /// The step of params[i] alone.
   FusedStep element(size_t i) const;
+  /// The grads, each in its param's memory layout (itself when it already is).
+  std::vector<at::Tensor> grads_like_params() const;
+  /// The kernels' view of params[i] and its state from element `begin` for `length` elements
+  /// (the whole tensor: 0, numel), with `grad` from grads_like_params(); null for what is absent.
+  kernels::OptimTensor tensor(size_t i, const at::Tensor& grad, int64_t begin,
+                              int64_t length) const;
 };
 
 /// Validates the op's arguments (every list, every scalar tensor, before anything is written) and

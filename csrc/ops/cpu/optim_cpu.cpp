@@ -18,37 +18,11 @@ namespace torchspeed::ops {
 namespace {
 
 using kernels::OptimAlgo;
-using kernels::OptimTensor;
 using kernels::StepScalars;
 using kernels::cpu::OptimFn;
 
 float read_scalar(const OptTensor* t, float fallback) {
   return t->has_value() ? (*t)->item<float>() : fallback;
-}
-
-void* offset(const at::Tensor& t, int64_t begin) {
-  return t.numel() == 0 ? nullptr : static_cast<char*>(t.data_ptr()) + begin * t.element_size();
-}
-
-float* offset_f32(at::TensorList list, size_t i, int64_t begin) {
-  return list.empty() ? nullptr : list[i].data_ptr<float>() + begin;
-}
-
-OptimTensor chunk_of(const FusedStep& a, const std::vector<at::Tensor>& grads, const Chunk& c) {
-  const size_t i = c.tensor;
-  OptimTensor t{};
-  t.param = offset(a.params[i], c.begin);
-  t.grad = offset(grads[i], c.begin);
-  t.master = offset_f32(a.masters, i, c.begin);
-  t.exp_avg = offset_f32(a.exp_avgs, i, c.begin);
-  t.exp_avg_sq = offset_f32(a.exp_avg_sqs, i, c.begin);
-  t.max_exp_avg_sq = offset_f32(a.max_exp_avg_sqs, i, c.begin);
-  t.mask = offset_f32(a.masks, i, c.begin);
-  t.ema = offset_f32(a.emas, i, c.begin);
-  t.numel = c.length;
-  t.param_dtype = kernel_dtype(a.params[i].scalar_type());
-  t.grad_dtype = kernel_dtype(grads[i].scalar_type());
-  return t;
 }
 
 OptimFn kernel_for(const kernels::cpu::OptimKernels& k, OptimAlgo algo) {
@@ -92,15 +66,15 @@ void run_fused_step(const FusedStep& a) {
     scalars[i] = kernels::step_scalars(a.hyper, lr, scale, clip, !a.steps.empty(), step);
   }
 
-  std::vector<at::Tensor> grads(a.grads.begin(), a.grads.end());
-  for (size_t i = 0; i < n; ++i) grads[i] = grad_like_param(grads[i], a.params[i]);
+  const std::vector<at::Tensor> grads = a.grads_like_params();
   const std::vector<at::Tensor> params(a.params.begin(), a.params.end());
   const std::vector<Chunk> chunks = make_chunks(params);
 
   const OptimFn fn = kernel_for(table.optim, a.algo);
   if (a.algo != OptimAlgo::kLamb) {
     parallel_over_chunks(chunks, [&](const Chunk& c, size_t) {
-      fn(chunk_of(a, grads, c), a.hyper, scalars[c.tensor], nullptr, nullptr);
+      fn(a.tensor(c.tensor, grads[c.tensor], c.begin, c.length), a.hyper, scalars[c.tensor],
+         nullptr, nullptr);
     });
     return;
   }
@@ -108,7 +82,8 @@ void run_fused_step(const FusedStep& a) {
   // trust ratio then scales phase 2.
   std::vector<double> p_sq(chunks.size()), u_sq(chunks.size());
   parallel_over_chunks(chunks, [&](const Chunk& c, size_t k) {
-    fn(chunk_of(a, grads, c), a.hyper, scalars[c.tensor], &p_sq[k], &u_sq[k]);
+    fn(a.tensor(c.tensor, grads[c.tensor], c.begin, c.length), a.hyper, scalars[c.tensor], &p_sq[k],
+       &u_sq[k]);
   });
   std::vector<double> p_norm(n, 0.0), u_norm(n, 0.0);
   for (size_t k = 0; k < chunks.size(); ++k) {
@@ -121,7 +96,8 @@ void run_fused_step(const FusedStep& a) {
         kernels::step_scalars(a.hyper, lr, scale, clip, true, step, true, p_norm[i], u_norm[i]);
   }
   parallel_over_chunks(chunks, [&](const Chunk& c, size_t) {
-    table.optim.lamb_phase2(chunk_of(a, grads, c), a.hyper, scalars[c.tensor], nullptr, nullptr);
+    table.optim.lamb_phase2(a.tensor(c.tensor, grads[c.tensor], c.begin, c.length), a.hyper,
+                            scalars[c.tensor], nullptr, nullptr);
   });
 }
 

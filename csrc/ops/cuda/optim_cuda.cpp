@@ -19,10 +19,6 @@ namespace {
 
 namespace kc = kernels::cuda;
 
-float* f32_or_null(at::TensorList list, size_t i) {
-  return list.empty() || list[i].numel() == 0 ? nullptr : list[i].data_ptr<float>();
-}
-
 void run_fused_step(const FusedStep& a) {
   const at::Device device = a.params[0].device();
   TORCH_CHECK(device.is_cuda(), "torchspeed.", a.op, ": params must be on a CUDA device, got ",
@@ -46,26 +42,9 @@ void run_fused_step(const FusedStep& a) {
                                   scalar(a.clip_coef)};
 
   const size_t n = a.params.size();
-  std::vector<at::Tensor> grads(a.grads.begin(), a.grads.end());
-  for (size_t i = 0; i < n; ++i) grads[i] = grad_like_param(grads[i], a.params[i]);
+  const std::vector<at::Tensor> grads = a.grads_like_params();
   std::vector<kc::OptimTensor> list(n);
-  for (size_t i = 0; i < n; ++i) {
-    const at::Tensor& p = a.params[i];
-    const bool empty = p.numel() == 0;
-    kc::OptimTensor& t = list[i];
-    t.param = empty ? nullptr : p.data_ptr();
-    t.grad = empty ? nullptr : grads[i].data_ptr();
-    t.master = f32_or_null(a.masters, i);
-    t.exp_avg = f32_or_null(a.exp_avgs, i);
-    t.exp_avg_sq = f32_or_null(a.exp_avg_sqs, i);
-    t.max_exp_avg_sq = f32_or_null(a.max_exp_avg_sqs, i);
-    t.mask = f32_or_null(a.masks, i);
-    t.ema = f32_or_null(a.emas, i);
-    t.step = a.steps.empty() ? nullptr : a.steps[i].data_ptr<float>();
-    t.numel = p.numel();
-    t.param_dtype = kernel_dtype(p.scalar_type());
-    t.grad_dtype = kernel_dtype(grads[i].scalar_type());
-  }
+  for (size_t i = 0; i < n; ++i) list[i] = a.tensor(i, grads[i], 0, a.params[i].numel());
   at::Tensor lamb_workspace;
   if (a.algo == kernels::OptimAlgo::kLamb) {
     lamb_workspace = at::empty({static_cast<int64_t>(2 * n)},
