@@ -34,10 +34,16 @@ inline bool laid_out_like(const at::Tensor& t, const at::Tensor& p) {
          (t.sym_sizes() == p.sym_sizes() && t.sym_strides() == p.sym_strides());
 }
 
+/// A copy of `src` in dtype `dtype`, laid out in memory like `p` (same sizes and strides).
+inline at::Tensor copy_laid_out_like(const at::Tensor& src, const at::Tensor& p,
+                                     at::ScalarType dtype) {
+  return at::empty_like(p, p.options().dtype(dtype)).copy_(src);
+}
+
 /// The grad in its param's memory layout (itself when it already is).
 inline at::Tensor grad_like_param(const at::Tensor& g, const at::Tensor& p) {
   if (laid_out_like(g, p)) return g;
-  return at::empty_like(p, p.options().dtype(g.scalar_type())).copy_(g);
+  return copy_laid_out_like(g, p, g.scalar_type());
 }
 
 /// Validates params, grads and the float32 state lists of one step.

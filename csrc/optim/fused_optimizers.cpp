@@ -166,7 +166,7 @@ bool wants_master(const std::optional<bool>& master_weights, const at::Tensor& p
 // A float32 copy of `src` laid out in memory like the param `p`: the kernels see every per-param
 // tensor as flat memory, so a channels_last param gets channels_last state.
 at::Tensor like_param(const at::Tensor& src, const at::Tensor& p) {
-  return at::empty_like(p, p.options().dtype(at::kFloat)).copy_(src);
+  return ops::copy_laid_out_like(src, p, at::kFloat);
 }
 
 at::Tensor zeros_like_param(const at::Tensor& p) {
