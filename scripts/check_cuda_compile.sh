@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compile-checks the CUDA code without a GPU: every csrc/kernels/cuda/*.cu with nvcc for sm_80 and
 # sm_90 (warnings are errors); when the installed torch ships the ATen/c10 CUDA headers, a
-# g++ -fsyntax-only pass over the op glue in csrc/ops/cuda/*.cpp. Exits non-zero on any failure.
+# g++ -fsyntax-only pass over the op glue in csrc/ops/cuda/*.cpp, and over csrc/profile/nvtx.cpp
+# with its CUDA branch on. Exits non-zero on any failure.
 # (The element math of the CUDA kernels is also built for the host and compared bit for bit with
 # the CPU kernels by ctest: tests/cpp/test_cuda_math_host.cpp.)
 #   scripts/check_cuda_compile.sh            # from the repo root (or anywhere: it cd's there)
@@ -82,6 +83,21 @@ else
     fi
   done
 fi
+
+# ---- torch-free host code built only with CUDA (the profiler's NVTX mirror), syntax only --------
+for src in csrc/profile/nvtx.cpp; do
+  log="$tmp/$(basename "$src").log"
+  if [[ -z "$cuda_inc" || ! -f "$cuda_inc/nvtx3/nvToolsExt.h" ]]; then
+    echo "skip  $src: nvtx3/nvToolsExt.h not found next to $NVCC"
+  elif "${CXX:-g++}" -std=c++17 -fsyntax-only -Wall -Wextra -Wno-unused-parameter -Werror \
+      -isystem "$cuda_inc" -Icsrc -Iinclude -DTORCHSPEED_WITH_CUDA=1 "$src" >"$log" 2>&1; then
+    echo "ok    $src  (g++ -fsyntax-only, TORCHSPEED_WITH_CUDA=1)"
+  else
+    echo "FAIL  $src  (g++ -fsyntax-only, TORCHSPEED_WITH_CUDA=1)"
+    sed 's/^/      /' "$log"
+    failures=$((failures + 1))
+  fi
+done
 
 if ((failures > 0)); then
   echo "check_cuda_compile: $failures failure(s)"

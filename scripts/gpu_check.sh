@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (run from the repo root on the GPU machine, < 8 minutes, no network):
-# build with CUDA, print build info, run the CUDA, optimizer and loader tests and the CUDA benches, tee
+# build with CUDA, print build info, run the CUDA, optimizer, profiler and loader tests and the benches, tee
 # everything to $TORCHSPEED_RESULTS_DIR/gpu_check.log and end with a pass/fail table. A failed
 # step does not stop the others; the exit status is non-zero if any step failed.
 #   scripts/gpu_check.sh
@@ -108,10 +108,14 @@ else
   skip test_ops_optim "no tests/python/test_ops.py or test_optim*.py"
 fi
 
+# The profiler's CUDA-event timeline against kernels of known duration, no sync inside a step, NVTX.
+step test_profile_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/test_profile_cuda.py
+
 # ---- benches (JSON into $TORCHSPEED_RESULTS_DIR) ---------------------------------------------------
 # The benchmarks ship in the package (torchspeed.benchmarks); `torchspeed bench NAME` runs one.
 step bench_grad_stats 30 "$PYTHON" -m torchspeed.cli bench grad_stats --device cuda
 step bench_optim 60 "$PYTHON" -m torchspeed.cli bench optim --device cuda
+step bench_profile 60 "$PYTHON" -m torchspeed.cli bench profile --quick
 
 # ---- loader on the GPU (only when the data part was built) -----------------------------------------
 if "$PYTHON" -c 'import sys, torchspeed._C as C; sys.exit(0 if hasattr(C, "data") else 1)'; then

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks to build and test torchspeed: Debian packages (compilers,
-# CMake, Ninja, Catch2 v2 or v3, libjpeg-turbo, libpng, clang for the fuzzers) and the pinned
-# Python packages (torch==2.13.0 CPU and the test tools). Idempotent and quick when all is there.
+# CMake, Ninja, Catch2 v2 or v3, libjpeg-turbo, libpng, clang for the fuzzers, valgrind for the
+# profiler's instruction counts) and the pinned Python packages (torch==2.13.0 CPU, the test
+# tools, matplotlib and tensorboard for the profiler's outputs). Idempotent and quick when all is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in cmake ninja-build catch2 libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev clang libclang-rt-14-dev pkg-config; do
+for pkg in cmake ninja-build catch2 libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev clang libclang-rt-14-dev pkg-config valgrind; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -19,7 +20,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-if ! "$PY" -c "import torch, pytest, ruff, numpy, PIL" >/dev/null 2>&1 || \
+if ! "$PY" -c "import torch, pytest, ruff, numpy, PIL, hypothesis, matplotlib, tensorboard, tqdm" >/dev/null 2>&1 || \
    [ "$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "2.13.0" ]; then
   echo "install_deps: pip install -r requirements-dev.txt"
   "$PY" -m pip install -q -r requirements-dev.txt 2>&1 | grep -v "Running pip as the 'root' user" || true

@@ -8,9 +8,9 @@
 #include <mutex>
 
 #include "core/clock.h"
+#include "core/utf8.h"
 #include "data/loader_impl.h"
 #include "data/sampling.h"
-#include "data/utf8.h"
 
 namespace torchspeed::data {
 
@@ -75,6 +75,7 @@ Loader::~Loader() {
 void Loader::start_epoch() { impl_->start_epoch(); }
 
 std::optional<Batch> Loader::next(const std::function<bool()>& should_stop) {
+  TORCHSPEED_PHASE("torchspeed.data.Loader.next", profile::Phase::DataWait);
   Batch b;
   bool end = false;
   const double timeout = impl_->opt.timeout_s;

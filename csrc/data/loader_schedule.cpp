@@ -67,8 +67,10 @@ bool Loader::Impl::next_for(double max_wait_s, Batch* out, bool* end) {
     work_cv.notify_all();
   }
   recycle_locked();
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(max_wait_s));
+  // The deadline is a wait, not a measurement: steady_clock, which condition variables wait on.
+  using WaitClock = std::chrono::steady_clock;
+  const auto deadline = WaitClock::now() + std::chrono::duration_cast<WaitClock::duration>(
+                                               std::chrono::duration<double>(max_wait_s));
   const auto t0 = Clock::now();
   while (true) {
     if (!fatal.empty()) TORCH_CHECK(false, fatal);
@@ -82,11 +84,11 @@ bool Loader::Impl::next_for(double max_wait_s, Batch* out, bool* end) {
     }
     InFlight* front = inflight.empty() ? nullptr : inflight.front().get();
     if (front != nullptr && front->batch == next_deliver && front->ready) break;
-    if (Clock::now() >= deadline) {
+    if (WaitClock::now() >= deadline) {
       wait_s_add(seconds_since(t0));
       return false;
     }
-    ready_cv.wait_until(lk, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+    ready_cv.wait_until(lk, std::min(deadline, WaitClock::now() + std::chrono::milliseconds(100)));
   }
   wait_s_add(seconds_since(t0));
   int64_t ready_now = 0;

@@ -4,8 +4,9 @@
 #include <cstring>
 #include <memory>
 
+#include "core/utf8.h"
 #include "data/loader_impl.h"
-#include "data/utf8.h"
+#include "torchspeed/profile/profile.h"
 
 namespace torchspeed::data {
 
@@ -96,6 +97,7 @@ void Loader::Impl::worker_loop() {
     Slot& slot = slots[static_cast<size_t>(b->slot)];
     const uint64_t ep = static_cast<uint64_t>(epoch);
     lk.unlock();
+    TORCHSPEED_RANGE("torchspeed.data.fill_batch");  // a worker's batch, on its thread's track
 
     FillContext ctx{opt.seed, ep, &times};
     SlotView view{&slot.tensors, &slot.strings};

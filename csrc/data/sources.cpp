@@ -14,10 +14,10 @@
 #include <stdexcept>
 
 #include "core/clock.h"
+#include "core/utf8.h"
 #include "data/mapped_file.h"
 #include "data/npy.h"
 #include "data/tar_reader.h"
-#include "data/utf8.h"
 
 namespace torchspeed::data {
 namespace {

@@ -9,11 +9,11 @@
 #include <optional>
 #include <stdexcept>
 
+#include "core/utf8.h"
 #include "data/image.h"
 #include "data/mapped_file.h"
 #include "data/sources.h"
 #include "data/tar_reader.h"
-#include "data/utf8.h"
 #include "python/bindings.h"
 #include "torchspeed/data/loader.h"
 
@@ -43,9 +43,9 @@ auto core_call(F&& f) -> decltype(f()) {
   } catch (const c10::Error&) {
     throw;
   } catch (const std::invalid_argument& e) {
-    throw py::value_error(data::escape_invalid_utf8(e.what()));
+    throw py::value_error(escape_invalid_utf8(e.what()));
   } catch (const std::runtime_error& e) {
-    throw std::runtime_error(data::escape_invalid_utf8(e.what()));
+    throw std::runtime_error(escape_invalid_utf8(e.what()));
   }
 }
 

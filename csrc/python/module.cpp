@@ -18,6 +18,7 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("with_cuda") = false;
 #endif
+  torchspeed::python::bind_profile(m);
   torchspeed::python::bind_optim(m);
 #if defined(TORCHSPEED_AREA_DATA)
   torchspeed::python::bind_data(m);

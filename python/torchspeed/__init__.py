@@ -15,6 +15,7 @@ from ._native import load_native as _load_native
 
 _C, build_info = _load_native()
 
+from . import profile  # noqa: I001 (first: data and optim report their phases to it)
 from . import data, ops, optim
 
 __version__ = build_info.get("version", "0.0.0")
@@ -28,4 +29,13 @@ def cpu_isa() -> str:
     return _C.cpu_isa()
 
 
-__all__ = ["data", "ops", "optim", "cpu_isa", "cmake_prefix_path", "build_info", "__version__"]
+__all__ = [
+    "data",
+    "ops",
+    "optim",
+    "profile",
+    "cpu_isa",
+    "cmake_prefix_path",
+    "build_info",
+    "__version__",
+]

@@ -1,6 +1,8 @@
 """The `torchspeed` command: `torchspeed info`, `torchspeed bench NAME` (one benchmark against its
 torch anchor; `torchspeed bench --list`), `torchspeed demo` (until the training demo lands: the
-optimizer, grad_stats and loader benchmarks side by side with their torch anchors).
+optimizer, grad_stats and loader benchmarks side by side with their torch anchors),
+`torchspeed doctor [--steps N] -- python train.py ARGS` (profile an unmodified training script:
+step breakdown and ranked advice).
 
 Every benchmark ships in the package (torchspeed.benchmarks), so these work after a plain
 `pip install` from any folder; results go to $TORCHSPEED_RESULTS_DIR, else ./torchspeed_results.
@@ -26,6 +28,58 @@ def main(argv=None) -> int:
     d.add_argument(
         "--full", action="store_true", help="full-size sets (minutes) instead of --quick"
     )
+    doc = sub.add_parser(
+        "doctor",
+        help="profile a training script: step breakdown and ranked advice",
+        description="Runs the command after -- in this process with torch's hooks installed "
+        "(each step of its first optimizer ends a step), then prints where the step time goes "
+        "and what to change, and writes report.txt, summary.json, trace.json (Perfetto) and "
+        "steps.png to --out.",
+    )
+    doc.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="stop the script after N steps (default: run to its end)",
+    )
+    doc.add_argument(
+        "--warmup", type=int, default=1, help="steps left out of the summary (default 1)"
+    )
+    doc.add_argument(
+        "--out", default="torchspeed_doctor", help="output folder (default ./torchspeed_doctor)"
+    )
+    doc.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="timeline clock (default: cuda if available)",
+    )
+    doc.add_argument("--no-trace", action="store_true", help="do not write trace.json")
+    doc.add_argument("--no-png", action="store_true", help="do not write steps.png")
+    doc.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS")
+    if argv is None:
+        import sys
+
+        argv = sys.argv[1:]
+    if argv and argv[0] == "doctor":
+        # Everything after `--` (or after the options) is the script's: argparse must not read it.
+        args = ap.parse_args(argv)
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not command:
+            ap.error("doctor: give the training command, e.g. torchspeed doctor -- python train.py")
+        if args.steps is not None and args.steps < 1:
+            ap.error(f"doctor: --steps must be >= 1, got {args.steps}")
+        from .profile._doctor import run as run_doctor
+
+        return run_doctor(
+            command,
+            steps=args.steps,
+            warmup=args.warmup,
+            out=args.out,
+            device=args.device,
+            trace=not args.no_trace,
+            png=not args.no_png,
+        )
     args, extra = ap.parse_known_args(argv)
     if args.cmd == "info":
         from . import info

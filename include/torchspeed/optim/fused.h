@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "torchspeed/export.h"
+#include "torchspeed/profile/profile.h"
 
 namespace torchspeed::optim {
 
@@ -42,6 +43,7 @@ class TORCHSPEED_API FusedOptimizer : public torch::optim::Optimizer {
   /// opt.step({scaler_scale, found_inf}) instead of unscale_ + step (the grads are unscaled in
   /// registers; nothing is written when found_inf != 0).
   torch::Tensor step(const GradScaling& scaling, LossClosure closure = nullptr) {
+    TORCHSPEED_PHASE("torchspeed.optim.step", ::torchspeed::profile::Phase::Optimizer);
     return fused_step(closure, scaling);
   }
 

@@ -20,6 +20,7 @@ BENCHMARKS = {
     "grad_stats": ("grad_stats", "global/per-tensor norms + inf check vs torch._foreach_norm"),
     "loader": ("loader", "JPEG loader vs torch DataLoader + PIL (needs Pillow)"),
     "loader_gpu": ("loader_gpu", "H2D copy hidden behind compute, sync-free next() (CUDA)"),
+    "profile": ("profile", "profiler ranges + always-on step overhead vs torch.profiler"),
 }
 # What each benchmark needs beyond torch: pip install torchspeed[bench].
 _EXTRAS = {"loader": ("PIL", "numpy")}

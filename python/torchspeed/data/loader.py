@@ -24,7 +24,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 
 import torch
 
+from .. import _C
+from ..profile import hooks as _profile_hooks
+from ..profile import ranges as _profile_ranges
 from .prefetch import DevicePrefetcher
+
+_NEXT_NAME_ID = _C.profile.intern("torchspeed.data.DataLoader.next")
+_DATA_WAIT_PHASE = _profile_ranges.PHASE_IDS["data_wait"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -391,6 +397,7 @@ class DataLoader:
         return self._loader.num_batches()
 
     def __iter__(self) -> Iterator:
+        _profile_hooks.saw_loader(self)
         it = iter(self._torch_loader) if not self.native else _NativeIterator(self)
         if self.device is not None:
             return iter(DevicePrefetcher(_Once(it, len(self)), self.device, self.prefetch_depth))
@@ -545,13 +552,21 @@ class _NativeIterator:
                 "the same loader, which started a new epoch (a native loader runs one stream at a "
                 "time); use one iterator per loader, or a second DataLoader for a second stream"
             )
-        r = self.dl._loader.next()
-        if r is None:
-            self._finish()
-            raise StopIteration
-        batch = self.dl.dataset._convert(r[0])
-        if self.dl.collate_fn is not None:
-            batch = self.dl.collate_fn(batch)
+        # The data wait of torchspeed.profile's step breakdown (the C++ Loader::next reports it
+        # too; this one also marks the CUDA timeline).
+        _profile_ranges._enter(_NEXT_NAME_ID, _DATA_WAIT_PHASE)
+        try:
+            r = self.dl._loader.next()
+            if r is None:
+                self._finish()
+                raise StopIteration
+            batch = self.dl.dataset._convert(r[0])
+            if self.dl.collate_fn is not None:
+                batch = self.dl.collate_fn(batch)
+        finally:
+            _profile_ranges._exit(_NEXT_NAME_ID)
+        if _profile_hooks._active_hooks:
+            _profile_hooks.saw_batch(batch)
         return batch
 
     def __del__(self) -> None:

@@ -1,6 +1,7 @@
-// UTF-8 checks for text that leaves C++ as a Python str: sample text fields (.txt/.json, validated
-// per sample inside the loader's error policy) and error messages (escaped, so that raising or
-// reading stats() can never fail on bytes taken from a file or a tar member name).
+// UTF-8 checks for text that leaves C++ as a Python str or a JSON string: the loader's sample text
+// fields (.txt/.json, validated per sample inside its error policy), error messages (escaped, so
+// that raising or reading stats() can never fail on bytes taken from a file or a tar member name)
+// and the profiler's range names in a trace.
 #pragma once
 
 #include <cstddef>
@@ -8,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace torchspeed::data {
+namespace torchspeed {
 
 // Length of the valid UTF-8 sequence starting at s[0] (1..4), or 0 if the bytes there are not
 // one (bad lead byte, bad or missing continuation, overlong form, surrogate, > U+10FFFF).
@@ -66,4 +67,4 @@ inline std::string escape_invalid_utf8(std::string_view s) {
   return out;
 }
 
-}  // namespace torchspeed::data
+}  // namespace torchspeed

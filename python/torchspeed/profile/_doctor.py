@@ -1,0 +1,238 @@
+"""The doctor: profile a training run with torch's hooks installed, then print the step
+breakdown and ranked advice (and write the trace, a PNG and a JSON summary).
+
+    with torchspeed.profile.doctor(steps=100):      # stops the run after 100 optimizer steps
+        train()
+
+    $ torchspeed doctor --steps 100 -- python train.py --lr 0.1   # an unmodified script
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import runpy
+import sys
+from typing import Iterator, List, Optional
+
+from .step import StepProfiler
+
+
+class StopRun(BaseException):
+    """Raised inside the profiled code when the doctor has its steps (a BaseException, so the
+    script's ``except Exception`` does not swallow it)."""
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except ImportError:
+        pass
+    return 0
+
+
+class _Progress:
+    """A tqdm bar over the steps on stderr when tqdm is installed, else a line every 10 steps."""
+
+    def __init__(self, total: Optional[int], enabled: bool):
+        self.bar = None
+        self.n = 0
+        self.enabled = enabled and _rank() == 0
+        if not self.enabled:
+            return
+        try:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total, desc="torchspeed doctor", unit="step", file=sys.stderr, leave=False
+            )
+        except ImportError:
+            self.bar = None
+        self.total = total
+
+    def update(self) -> None:
+        self.n += 1
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.n % 10 == 0:
+            of = f"/{self.total}" if self.total else ""
+            print(f"torchspeed doctor: step {self.n}{of}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def write_outputs(
+    prof: StepProfiler, out: str, summary=None, trace: bool = True, png: bool = True
+) -> dict:
+    """Writes report.txt, summary.json, trace[_rankN].json and steps.png under ``out``; returns
+    {kind: path}. Every rank writes its trace; rank 0 the rest. Without ``summary`` it calls
+    ``prof.summary()``, a collective in distributed runs."""
+    if summary is None:
+        summary = prof.summary()
+    rank = summary.rank
+    os.makedirs(out, exist_ok=True)
+    paths = {}
+    if trace:
+        name = "trace.json" if summary.world_size == 1 else f"trace_rank{rank}.json"
+        paths["trace"] = prof.export_chrome_trace(os.path.join(out, name))
+    if rank != 0:
+        return paths
+    text = prof.report(summary)
+    paths["report"] = os.path.join(out, "report.txt")
+    with open(paths["report"], "w") as f:
+        f.write(text + "\n")
+    paths["summary"] = os.path.join(out, "summary.json")
+    with open(paths["summary"], "w") as f:
+        d = dataclasses.asdict(summary)
+        d["findings"] = [dataclasses.asdict(x) for x in prof.advice(summary)]
+        json.dump(d, f, indent=1, default=str)
+    if png:
+        p = prof.write_png(os.path.join(out, "steps.png"))
+        if p:
+            paths["png"] = p
+    return paths
+
+
+@contextlib.contextmanager
+def doctor(
+    steps: Optional[int] = None,
+    *,
+    out: Optional[str] = "torchspeed_doctor",
+    device: Optional[str] = None,
+    warmup: int = 1,
+    trace: bool = True,
+    png: bool = True,
+    progress: bool = True,
+    file=None,
+) -> Iterator[StepProfiler]:
+    """Profiles the block with torch's hooks (each step of the first optimizer ends a step); at
+    the end prints the breakdown and the advice to ``file`` (stdout) and writes them to ``out``
+    (None: print only). ``steps`` stops the block after that many steps (StopRun is caught here).
+    """
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(
+            f"torchspeed.profile.doctor: steps must be an int >= 1 or None, got {steps!r}"
+        )
+    created = False
+    if out is not None:
+        # Before the run, so an unwritable folder fails now rather than after the training.
+        created = not os.path.exists(out)
+        os.makedirs(out, exist_ok=True)
+    prof = StepProfiler(hooks=True, step_on="optimizer", device=device, warmup=warmup)
+    bar = _Progress(steps, progress)
+    stream = file or sys.stdout
+
+    def on_step(p: StepProfiler) -> None:
+        bar.update()
+        # Steps taken on the host: on CUDA, history() lags until the step's events resolve.
+        if steps is not None and p.steps_taken >= steps:
+            raise StopRun()
+
+    prof._on_step.append(on_step)
+    try:
+        with prof:
+            yield prof
+    except StopRun:
+        pass
+    finally:
+        bar.close()
+        if prof.steps_taken == 0:
+            print("torchspeed doctor: no optimizer step ran, nothing to report", file=stream)
+            if created and not os.listdir(out):
+                os.rmdir(out)
+        else:
+            summary = prof.summary()  # every rank: gathers the ranks' summaries on rank 0
+            if summary.rank == 0:
+                print(prof.report(summary), file=stream, flush=True)  # first: files may fail
+            if out is not None:
+                paths = write_outputs(prof, out, summary, trace=trace, png=png)
+                if summary.rank == 0:
+                    print(
+                        "\nwritten: " + ", ".join(f"{k} {v}" for k, v in paths.items()), file=stream
+                    )
+
+
+# Interpreter options that take a value (`-W error`, `-X dev`); the doctor runs the script in its
+# own interpreter, so these are accepted and not applied (the rest are single flags like -u).
+_PY_OPTS_WITH_VALUE = ("-W", "-X")
+
+
+def _script_argv(argv: List[str]) -> List[str]:
+    """Drops a leading python interpreter and its options: `python -u train.py` -> `train.py`."""
+    if not argv or not os.path.basename(argv[0]).startswith("python") or argv[0].endswith(".py"):
+        return argv
+    rest = argv[1:]
+    while rest and rest[0].startswith("-") and rest[0] != "-m":
+        if rest[0] == "-c":
+            raise ValueError(
+                "torchspeed doctor: python -c is not supported; put the code in a script"
+            )
+        if rest[0] in _PY_OPTS_WITH_VALUE:
+            rest = rest[2:]
+        else:
+            rest = rest[1:]
+    return rest
+
+
+def run(argv: List[str], **kwargs) -> int:
+    """Runs ``argv`` (``[python [options]] script.py ARGS`` or ``[python] -m module ARGS``) in
+    this process under ``doctor(**kwargs)``; returns the script's exit status. An exception from
+    the script propagates after the report."""
+    argv = _script_argv(list(argv))
+    if not argv:
+        raise ValueError(
+            "torchspeed doctor: give the training command after --, e.g. -- python train.py"
+        )
+    # Resolved before profiling starts: a typo fails at once, with nothing installed.
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise ValueError("torchspeed doctor: -m needs a module name")
+        import importlib.util
+
+        sys.path.insert(0, os.getcwd())
+        try:
+            found = importlib.util.find_spec(argv[1]) is not None
+        except (ImportError, ValueError):
+            found = False
+        finally:
+            sys.path.pop(0)
+        if not found:
+            raise ModuleNotFoundError(f"torchspeed doctor: no module named {argv[1]!r}")
+    elif not os.path.isfile(argv[0]):
+        raise FileNotFoundError(f"torchspeed doctor: no such script: {argv[0]}")
+    status = 0
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    try:
+        with doctor(**kwargs):
+            try:
+                if argv[0] == "-m":
+                    sys.argv = [argv[1]] + argv[2:]
+                    sys.path.insert(0, os.getcwd())
+                    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+                else:
+                    sys.argv = argv
+                    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+                    runpy.run_path(argv[0], run_name="__main__")
+            except SystemExit as e:
+                code = e.code
+                if isinstance(code, int):
+                    status = code
+                elif code is None:
+                    status = 0
+                else:  # sys.exit("message"): Python prints it and exits with 1
+                    print(code, file=sys.stderr)
+                    status = 1
+    except KeyboardInterrupt:
+        status = 130
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return status

@@ -1,0 +1,489 @@
+"""torch's global hooks, for profiling plain torch code (StepProfiler(hooks=True), the doctor):
+phases from module forwards, autograd backward, optimizer steps, DataLoader iterators,
+host-to-device copies and torch.distributed collectives, plus the facts the lints read.
+
+Module hooks are global only for the first DISCOVERY_STEPS steps: a global hook makes every
+module call take torch's slow path, so after discovery the forward phase is timed by hooks on the
+outermost modules found (the models) alone.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from .. import _C
+from . import ranges as _ranges
+from .summary import RunFacts
+
+_P = _C.profile
+_IDS = {p: _ranges.PHASE_IDS[p] for p in _ranges.PHASE_IDS}
+_NAMES = {p: _P.intern(f"torch.{p}") for p in _IDS}
+
+DISCOVERY_STEPS = 3
+_COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "reduce",
+    "barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+)
+
+
+class _WeakSet:
+    """Objects seen, by identity, without keeping them alive."""
+
+    def __init__(self):
+        self._refs: Dict[int, Any] = {}
+
+    def add(self, obj: Any) -> None:
+        k = id(obj)
+        if k not in self._refs:
+            try:
+                self._refs[k] = weakref.ref(obj)
+            except TypeError:
+                self._refs[k] = lambda obj=obj: obj
+
+    def __contains__(self, obj: Any) -> bool:
+        r = self._refs.get(id(obj))
+        return r is not None and r() is obj
+
+    def items(self) -> List[Any]:
+        return [o for o in (r() for r in self._refs.values()) if o is not None]
+
+
+def _bf16_capable_cpu() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read(1 << 16)
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        return False
+
+
+def _autocast_on() -> bool:
+    for dev in ("cuda", "cpu"):
+        try:
+            if torch.is_autocast_enabled(dev):
+                return True
+        except TypeError:  # older signature
+            return torch.is_autocast_enabled()
+    return False
+
+
+def _shapes(args: tuple) -> tuple:
+    return tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+
+
+class TorchHooks:
+    """Installs the hooks for one StepProfiler; ``remove()`` restores everything it patched."""
+
+    def __init__(self, profiler):
+        self.prof = profiler
+        self.thread = threading.get_ident()
+        self.counters: Dict[str, int] = {}
+        self.models = _WeakSet()
+        self.optimizers = _WeakSet()
+        self.loaders = _WeakSet()
+        self.autocast_used = False
+        self.shapes: Dict[int, set] = {}
+        self.depth = 0
+        self.fwd_host_ns = 0
+        self.fwd_calls_in_discovery = 0
+        self.discovery = True
+        self.steps_seen = 0
+        self.primary_opt = None
+        self.opt_depth = 0
+        self._in_opt_post = False
+        self._handles: List[Any] = []
+        self._root_handles: Dict[int, List[Any]] = {}
+        self._patches: List[tuple] = []
+        self._fwd_t0 = 0
+        self._in_backward = 0
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    def _mine(self) -> bool:
+        return threading.get_ident() == self.thread
+
+    # ---- forward --------------------------------------------------------------------------
+    def _root_enter(self, module: nn.Module, args: tuple) -> None:
+        self.models.add(module)
+        if not module.training and torch.is_grad_enabled():
+            self._count("eval_forward_with_grad")
+        if _autocast_on():
+            self.autocast_used = True
+        if module.training:
+            self.shapes.setdefault(id(module), set()).add(_shapes(args))
+        self._fwd_t0 = _P.now_ns()
+        _ranges._enter(_NAMES["forward"], _IDS["forward"])
+
+    def _root_exit(self) -> None:
+        _ranges._exit(_NAMES["forward"])
+        if self.discovery:
+            self.fwd_host_ns += _P.now_ns() - self._fwd_t0
+
+    def _global_pre(self, module: nn.Module, args: tuple) -> None:
+        if not self._mine():
+            return
+        if self.discovery:
+            self._count("module_calls")
+            self.fwd_calls_in_discovery += 1
+            if (
+                isinstance(module, nn.Conv2d)
+                and args
+                and isinstance(args[0], torch.Tensor)
+                and args[0].dim() == 4
+                and args[0].is_cuda
+                and not args[0].is_contiguous(memory_format=torch.channels_last)
+            ):
+                self._count("conv_input_not_channels_last")
+        if self.depth == 0 and id(module) not in self._root_handles:
+            self._root_enter(module, args)
+        self.depth += 1
+
+    def _global_post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if not self._mine() or self.depth <= 0:
+            return
+        self.depth -= 1
+        if self.depth == 0 and id(module) not in self._root_handles:
+            self._root_exit()
+            if self.discovery and self.steps_seen >= DISCOVERY_STEPS:
+                self._end_discovery()  # deferred from on_step(): that step ended mid-forward
+
+    def _root_pre(self, module: nn.Module, args: tuple) -> None:
+        if self._mine() and self.depth == 0:
+            self._root_enter(module, args)
+            self.depth = -1  # marks "inside a root's forward" after discovery
+
+    def _root_post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._mine() and self.depth == -1:
+            self.depth = 0
+            self._root_exit()
+
+    def _end_discovery(self) -> None:
+        """Global module hooks off; the roots (models) seen keep their own pair."""
+        self.discovery = False
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for m in self.models.items():
+            self._root_handles[id(m)] = [
+                m.register_forward_pre_hook(self._root_pre),
+                m.register_forward_hook(self._root_post, always_call=True),
+            ]
+        self.depth = 0
+
+    # ---- optimizer --------------------------------------------------------------------------
+    # torch wraps step() of every optimizer class it has instantiated, so a subclass whose step
+    # calls super().step() fires the hooks twice, nested: only the outermost pair counts.
+    def _opt_pre(self, opt, args, kwargs) -> None:
+        if not self._mine():
+            return
+        self.opt_depth += 1
+        if self.opt_depth > 1:
+            return
+        self.optimizers.add(opt)
+        if self.primary_opt is None:
+            self.primary_opt = weakref.ref(opt)
+        _ranges._enter(_NAMES["optimizer"], _IDS["optimizer"])
+
+    def _opt_post(self, opt, args, kwargs) -> None:
+        if not self._mine() or self.opt_depth == 0:
+            return
+        self.opt_depth -= 1
+        if self.opt_depth > 0:
+            return
+        _ranges._exit(_NAMES["optimizer"])
+        if (
+            self.prof.step_on == "optimizer"
+            and self.primary_opt is not None
+            and self.primary_opt() is opt
+        ):
+            self._in_opt_post = True
+            try:
+                self.prof.step()
+            finally:
+                self._in_opt_post = False
+
+    # ---- patches ----------------------------------------------------------------------------
+    def _patch(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+        # Remember whether the owner itself had the attribute (or inherited it: torch.Tensor.to
+        # lives on its C base): restoring must not leave a shadowing copy in the owner's dict.
+        own = name in vars(owner)
+        orig = vars(owner)[name] if own else None
+        setattr(owner, name, make(getattr(owner, name)))
+        self._patches.append((owner, name, orig))
+
+    def _phase_wrapper(
+        self, phase: str, orig: Callable, before: Optional[Callable] = None
+    ) -> Callable:
+        nid, pid, hooks = _NAMES[phase], _IDS[phase], self
+
+        def wrapper(*args, **kwargs):
+            if not hooks._mine():
+                return orig(*args, **kwargs)
+            if before is not None:
+                before(*args, **kwargs)
+            _ranges._enter(nid, pid)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                _ranges._exit(nid)
+
+        wrapper.__wrapped__ = orig
+        wrapper.__name__ = getattr(orig, "__name__", "wrapper")
+        wrapper.__doc__ = getattr(orig, "__doc__", None)
+        return wrapper
+
+    def _install_patches(self) -> None:
+        hooks = self
+        self._patch(torch.autograd, "backward", lambda orig: self._phase_wrapper("backward", orig))
+
+        # DataLoader: its iterator's __next__ is the data wait; the batch size counts samples.
+        from torch.utils.data import dataloader as dl
+
+        def make_next(orig):
+            nid, pid = _NAMES["data_wait"], _IDS["data_wait"]
+
+            def __next__(it):
+                if not hooks._mine():
+                    return orig(it)
+                _ranges._enter(nid, pid)
+                try:
+                    batch = orig(it)
+                finally:
+                    _ranges._exit(nid)
+                from .step import _batch_size
+
+                hooks.prof.pending_samples += _batch_size(batch)
+                return batch
+
+            return __next__
+
+        self._patch(dl._BaseDataLoaderIter, "__next__", make_next)
+
+        def make_iter(orig):
+            def __iter__(loader):
+                hooks.loaders.add(loader)
+                return orig(loader)
+
+            return __iter__
+
+        self._patch(dl.DataLoader, "__iter__", make_iter)
+
+        def make_zero_grad(orig):
+            def zero_grad(self_, set_to_none: bool = True):
+                if not set_to_none:
+                    hooks._count("zero_grad_keep")
+                return orig(self_, set_to_none)
+
+            return zero_grad
+
+        self._patch(torch.optim.Optimizer, "zero_grad", make_zero_grad)
+        self._patch(nn.Module, "zero_grad", make_zero_grad)
+
+        np = sys.modules.get("numpy")
+        if np is not None:
+            ndarray = np.ndarray
+
+            def make_tensor(orig):
+                def tensor(data, *args, **kwargs):
+                    if isinstance(data, ndarray):
+                        hooks._count("tensor_from_ndarray")
+                    return orig(data, *args, **kwargs)
+
+                tensor.__doc__ = orig.__doc__
+                return tensor
+
+            self._patch(torch, "tensor", make_tensor)
+
+        if torch.cuda.is_available():
+            self._install_h2d()
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            dist = None
+        if dist is not None and dist.is_available():
+            for name in _COLLECTIVES:
+                if hasattr(dist, name):
+                    self._patch(dist, name, lambda orig: self._phase_wrapper("comm", orig))
+
+    def _install_h2d(self) -> None:
+        hooks = self
+        nid, pid = _NAMES["h2d"], _IDS["h2d"]
+
+        def is_h2d(t: torch.Tensor, device: Any) -> bool:
+            return (
+                t.device.type == "cpu"
+                and device is not None
+                and torch.device(device).type == "cuda"
+            )
+
+        def account(t: torch.Tensor, non_blocking: bool) -> None:
+            if not t.is_pinned():
+                hooks._count("h2d_pageable")
+            if not non_blocking:
+                hooks._count("h2d_blocking")
+
+        def make_to(orig):
+            def to(t, *args, **kwargs):
+                if not hooks._mine():
+                    return orig(t, *args, **kwargs)
+                try:
+                    device, _, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+                except Exception:  # noqa: BLE001 (let torch raise its own error)
+                    return orig(t, *args, **kwargs)
+                if not is_h2d(t, device):
+                    return orig(t, *args, **kwargs)
+                account(t, non_blocking)
+                _ranges._enter(nid, pid)
+                try:
+                    return orig(t, *args, **kwargs)
+                finally:
+                    _ranges._exit(nid)
+
+            return to
+
+        def make_cuda(orig):
+            def cuda(t, device=None, non_blocking=False, **kwargs):
+                if not hooks._mine() or t.device.type != "cpu":
+                    return orig(t, device, non_blocking, **kwargs)
+                account(t, non_blocking)
+                _ranges._enter(nid, pid)
+                try:
+                    return orig(t, device, non_blocking, **kwargs)
+                finally:
+                    _ranges._exit(nid)
+
+            return cuda
+
+        self._patch(torch.Tensor, "to", make_to)
+        self._patch(torch.Tensor, "cuda", make_cuda)
+
+    # ---- install / remove -------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.nn.modules import module as mm
+        from torch.optim import optimizer as om
+
+        self._handles = [
+            mm.register_module_forward_pre_hook(self._global_pre),
+            mm.register_module_forward_hook(self._global_post, always_call=True),
+        ]
+        self._opt_handles = [
+            om.register_optimizer_step_pre_hook(self._opt_pre),
+            om.register_optimizer_step_post_hook(self._opt_post),
+        ]
+        self._install_patches()
+        _active_hooks.append(self)
+
+    def remove(self) -> None:
+        for h in self._handles + self._opt_handles:
+            h.remove()
+        for hs in self._root_handles.values():
+            for h in hs:
+                h.remove()
+        self._handles, self._opt_handles, self._root_handles = [], [], {}
+        for owner, name, orig in reversed(self._patches):
+            if orig is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, orig)
+        self._patches = []
+        if self in _active_hooks:
+            _active_hooks.remove(self)
+
+    def on_step(self) -> None:
+        self.steps_seen += 1
+        if self.opt_depth > 0 and not self._in_opt_post:
+            # An optimizer step raised (torch calls no post hook then): close its phase here.
+            for _ in range(self.opt_depth):
+                _ranges._exit(_NAMES["optimizer"])
+            self.opt_depth = 0
+        # Not inside a forward (an optimizer stepped from a module's forward): the global post
+        # hook that closes that forward must stay until it has run.
+        if self.discovery and self.steps_seen >= DISCOVERY_STEPS and self.depth == 0:
+            self._end_discovery()
+
+    # ---- facts ------------------------------------------------------------------------------
+    def facts(self) -> RunFacts:
+        models = self.models.items()
+        device_type = "cpu"
+        for m in models:
+            p = next(iter(m.parameters()), None)
+            if p is not None and p.device.type == "cuda":
+                device_type = "cuda"
+        ddp = any(
+            isinstance(m, torch.nn.parallel.DistributedDataParallel)
+            or type(m).__name__ == "AccumulatingDDP"
+            for m in models
+        )
+        shapes = [s for s in self.shapes.values() if s]
+        fixed = all(len(s) == 1 for s in shapes) if shapes else None
+        discovery_steps = min(self.steps_seen, DISCOVERY_STEPS)
+        per_call = None
+        if self.fwd_calls_in_discovery:
+            per_call = self.fwd_host_ns / 1e9 / self.fwd_calls_in_discovery
+        peak = total = None
+        if device_type == "cuda":
+            try:
+                peak = int(torch.cuda.max_memory_allocated())
+                total = int(
+                    torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+                )
+            except Exception:  # noqa: BLE001 (facts are best effort)
+                pass
+        counters = dict(self.counters)
+        if discovery_steps and "module_calls" in counters:
+            # module_calls were counted in discovery only: scale to the whole run's steps.
+            counters["module_calls"] = int(
+                counters["module_calls"] * max(self.steps_seen, 1) / discovery_steps
+            )
+        return RunFacts(
+            device_type=device_type,
+            autocast_used=self.autocast_used,
+            bf16_capable_cpu=_bf16_capable_cpu(),
+            cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+            fixed_input_shapes=fixed,
+            models=models,
+            optimizers=self.optimizers.items(),
+            loaders=self.loaders.items(),
+            ddp=ddp,
+            counters=counters,
+            steps=self.prof.steps,
+            peak_memory_bytes=peak,
+            total_memory_bytes=total,
+            host_s_per_module_call=per_call,
+        )
+
+
+#: The hooks installed now (torchspeed's own loader registers itself with them).
+_active_hooks: List[TorchHooks] = []
+
+
+def saw_loader(loader: Any) -> None:
+    """Called by torchspeed's DataLoader when an epoch starts, so the lints see it."""
+    for h in _active_hooks:
+        h.loaders.add(loader)
+
+
+def saw_batch(batch: Any) -> None:
+    """Called by torchspeed's DataLoader with each batch it returns: samples per step."""
+    from .step import _batch_size
+
+    for h in _active_hooks:
+        if h._mine():
+            h.prof.pending_samples += _batch_size(batch)

@@ -1,0 +1,355 @@
+"""The step profiler: ``step()`` at each step's end; phases from torchspeed's own loader and
+optimizers, from ``phase()`` ranges, and (``hooks=True``) from torch's global hooks for plain torch
+code. The breakdown sums to 100 % with an explicit "other".
+
+    prof = torchspeed.profile.StepProfiler(hooks=True)
+    with prof:
+        for x, y in loader:
+            loss = loss_fn(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+            prof.step()            # or step_on="optimizer": each optimizer.step() ends a step
+    print(prof.report())           # table + ranked advice
+
+One clock per run: on the CPU the host clock (the C++ core's TSC); with CUDA (``device="cuda"``,
+the default when a GPU is available) CUDA events recorded on the current stream at every phase
+boundary, read back at least one step later with a non-blocking query, never a synchronization
+inside the step. A GPU segment between two markers belongs to the phase the host was in between
+them, so queued kernels are charged to the phase that launched them, not to the one that waited.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Deque, List, Optional, Tuple
+
+import torch
+
+from .. import _C
+from . import ranges as _ranges
+from .summary import PHASES, RunFacts, StepHistory, StepSummary, summarize
+
+_P = _C.profile
+
+
+# Process-wide: how many profilers run (recording stays on until the last stops, then returns to
+# what it was before the first) and which one owns torch's process-wide hooks.
+_lock = threading.Lock()
+_running = {"count": 0, "was_enabled": False, "hooked": None}
+
+
+class _HostTimeline:
+    """Phases go to the C++ per-thread stack; step() breaks the step down from the thread's ring."""
+
+    def __init__(self, cpp):
+        self.cpp = cpp
+        self.closed = False  # set by stop(): the thread's ranges go straight to C++ again
+
+    def enter(self, name_id: int, phase: int) -> None:
+        _P.begin(name_id, phase)
+
+    def exit(self, name_id: int) -> None:
+        _P.end(name_id)
+
+    def start(self) -> None:
+        self.cpp.start()
+
+    def step(self, samples: int) -> None:
+        self.cpp.step(samples)
+
+    def flush(self) -> None:
+        pass
+
+
+class _CudaTimeline:
+    """CUDA events at every phase boundary; segments between them summed per phase."""
+
+    _MAX_PENDING = 4096  # steps not yet resolved (the GPU can only run so far behind)
+
+    def __init__(self, cpp):
+        self.cpp = cpp
+        self.closed = False
+        self.pool: List[Any] = []
+        self.stack: List[Tuple[int, int]] = []  # open (name id, phase), newest last
+        self.marks: List[Tuple[Any, int]] = []
+        self.pending: Deque[Tuple[List[Tuple[Any, int]], int, int]] = collections.deque()
+
+    def _mark(self, phase_after: int) -> None:
+        ev = self.pool.pop() if self.pool else torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self.marks.append((ev, phase_after))
+
+    def _current(self) -> int:
+        return self.stack[-1][1] if self.stack else _ranges.OTHER
+
+    def enter(self, name_id: int, phase: int) -> None:
+        _P.begin(name_id, phase)
+        self.stack.append((name_id, phase))
+        self._mark(phase)
+
+    def exit(self, name_id: int) -> None:
+        _P.end(name_id)
+        for i in range(len(self.stack) - 1, -1, -1):  # the newest entry of that name
+            if self.stack[i][0] == name_id:
+                del self.stack[i]
+                self._mark(self._current())
+                return
+
+    def start(self) -> None:
+        self.cpp.start()  # keeps the host ring cursor for the trace's step track
+        self.marks = []
+        self._mark(self._current())
+
+    def step(self, samples: int) -> None:
+        self._mark(self._current())
+        boundary = self.marks[-1]
+        self.pending.append((self.marks, samples, _P.now_ns()))
+        self.marks = [boundary]  # the closing marker of this step opens the next one
+        self.poll(wait=len(self.pending) > self._MAX_PENDING)
+
+    def poll(self, wait: bool = False) -> None:
+        while self.pending:
+            marks, samples, host_end = self.pending[0]
+            if wait:
+                marks[-1][0].synchronize()
+            elif not all(ev.query() for ev, _ in marks):
+                return
+            self.pending.popleft()
+            phase_ns = [0] * len(PHASES)
+            for (e0, p), (e1, _) in zip(marks, marks[1:]):
+                phase_ns[p] += int(round(e0.elapsed_time(e1) * 1e6))
+            total = sum(phase_ns)
+            self.cpp.add(host_end - total, host_end, phase_ns, samples)
+            self.pool.extend(ev for ev, _ in marks[:-1])  # the last one opens the next step
+
+    def flush(self) -> None:
+        self.poll(wait=True)
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (0 when there is none)."""
+    seen = 0
+    stack = [batch]
+    while stack and seen < 64:
+        x = stack.pop()
+        seen += 1
+        if isinstance(x, torch.Tensor):
+            return int(x.shape[0]) if x.dim() > 0 else 0
+        if isinstance(x, dict):
+            stack.extend(reversed(list(x.values())))
+        elif isinstance(x, (list, tuple)):
+            stack.extend(reversed(x))
+    return 0
+
+
+class StepProfiler:
+    """Always-on per-step breakdown: data_wait, h2d, forward, backward, optimizer, comm, other.
+
+    Args:
+        hooks: install torch's global hooks (module forward, optimizer step, DataLoader iterator,
+            autograd backward, host-to-device copies, torch.distributed collectives) so plain torch
+            code is covered; they also collect the facts the doctor's lints read.
+        step_on: "optimizer" makes each step of the first optimizer that steps end a profiler
+            step (what ``torchspeed doctor`` uses); None (default) means you call ``step()``.
+        device: "cuda" (CUDA-event timeline), "cpu" (host clock) or None: cuda when a GPU is
+            available.
+        history_steps: the newest steps kept (memory does not grow with the run).
+        warmup: steps left out of ``summary()`` (the first steps compile, allocate, warm caches).
+        nvtx: mirror every range into NVTX for Nsight Systems (CUDA builds).
+    """
+
+    def __init__(
+        self,
+        *,
+        hooks: bool = False,
+        step_on: Optional[str] = None,
+        device: Optional[str] = None,
+        history_steps: int = 16384,
+        warmup: int = 1,
+        nvtx: bool = False,
+    ):
+        name = "torchspeed.profile.StepProfiler"
+        if step_on not in (None, "optimizer"):
+            raise ValueError(f"{name}: step_on must be None or 'optimizer', got {step_on!r}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"{name}: device must be 'cpu' or 'cuda', got {device!r}")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"{name}: device='cuda' but CUDA is not available")
+        for arg, value, low in (("warmup", warmup, 0), ("history_steps", history_steps, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: {arg} must be an int >= {low}, got {value!r}")
+        if nvtx and not _P.nvtx_available():
+            raise ValueError(f"{name}: NVTX ranges (nvtx=True) need a CUDA build of torchspeed")
+        self.device = device
+        self.warmup = warmup
+        self.step_on = step_on
+        self._cpp = _P.StepProfiler(history_steps)
+        self._timeline = _CudaTimeline(self._cpp) if device == "cuda" else _HostTimeline(self._cpp)
+        self._hooks = None
+        self._want_hooks = hooks
+        self._nvtx = nvtx
+        self._thread: Optional[int] = None
+        self._state = "new"  # "new" -> "running" -> "stopped"; a profiler runs once
+        self.steps_taken = 0  # step() calls (CUDA steps are in history() once their events resolve)
+        self.pending_samples = 0  # the hooks count the batches a step loaded
+        self._on_step: List[Any] = []  # callbacks after each step (the doctor's progress, stop)
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def start(self) -> StepProfiler:
+        """Turns recording on and starts the first step (``with prof:`` calls it)."""
+        name = "torchspeed.profile.StepProfiler"
+        if self._state == "running":
+            raise RuntimeError(f"{name}: already running (nested `with` of one profiler?)")
+        if self._state == "stopped":
+            raise RuntimeError(f"{name}: a profiler runs once; make a new one to profile again")
+        if _ranges._timeline() is not None:
+            raise RuntimeError(f"{name}: another StepProfiler is running on this thread")
+        with _lock:
+            if self._want_hooks and _running["hooked"] is not None:
+                raise RuntimeError(
+                    f"{name}: hooks=True while another profiler with hooks runs (torch's hooks "
+                    "are process-wide: one hooked profiler at a time)"
+                )
+            if _running["count"] == 0:
+                _running["was_enabled"] = _P.enabled()
+            _running["count"] += 1
+            if self._want_hooks:
+                _running["hooked"] = self
+        _P.set_enabled(True)
+        if self._nvtx:
+            _P.set_nvtx(True)
+        self._thread = threading.get_ident()
+        _ranges._route.timeline = self._timeline
+        self._state = "running"
+        if self._want_hooks:
+            from .hooks import TorchHooks
+
+            self._hooks = TorchHooks(self)
+            self._hooks.install()
+        self._timeline.start()
+        return self
+
+    def stop(self) -> None:
+        """Reads back outstanding CUDA events (one synchronization, after the last step), removes
+        the hooks and restores the recording state. From any thread; a second call does nothing."""
+        if self._state != "running":
+            return
+        self._state = "stopped"
+        if self._hooks is not None:
+            self._hooks.remove()
+        # The starting thread drops the timeline at its next range (its route is thread-local).
+        self._timeline.closed = True
+        if _ranges._route.timeline is self._timeline:
+            _ranges._route.timeline = None
+        self._timeline.flush()
+        if self._nvtx:
+            _P.set_nvtx(False)
+        with _lock:
+            _running["count"] -= 1
+            if _running["hooked"] is self:
+                _running["hooked"] = None
+            if _running["count"] == 0:
+                _P.set_enabled(_running["was_enabled"])
+
+    def __enter__(self) -> StepProfiler:
+        return self.start()
+
+    def __exit__(self, *exc) -> bool:
+        self.stop()
+        return False
+
+    def step(self, samples: Optional[int] = None) -> None:
+        """Ends the current step; ``samples`` is its batch size (for samples/s; with hooks the
+        loader's batches are counted when it is None). The first step() of a profiler never
+        started starts it (and records no step)."""
+        name = "torchspeed.profile.StepProfiler.step"
+        if samples is not None and (
+            isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples < 2**63
+        ):
+            raise ValueError(f"{name}: samples must be None or an int >= 0, got {samples!r}")
+        if self._state == "new":
+            self.start()
+            return
+        if self._state == "stopped":
+            raise RuntimeError(f"{name}: the profiler was stopped")
+        if threading.get_ident() != self._thread:
+            raise RuntimeError(f"{name}: call it from the thread that started the profiler")
+        n = self.pending_samples if samples is None else samples
+        self.pending_samples = 0
+        self._timeline.step(n)
+        self.steps_taken += 1
+        if self._hooks is not None:
+            self._hooks.on_step()
+        for cb in self._on_step:
+            cb(self)
+
+    # ---- results ----------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        return self._cpp.steps
+
+    def history(self) -> StepHistory:
+        """The kept steps' times in ns (see StepHistory)."""
+        cuda = isinstance(self._timeline, _CudaTimeline)
+        if cuda and self._state != "running":
+            self._timeline.flush()
+        h = self._cpp.history()
+        return StepHistory(
+            step_ns=[e - b for b, e in zip(h["begin_ns"], h["end_ns"])],
+            phase_ns={p: list(h["phase_ns"][p]) for p in PHASES},
+            end_ns=list(h["end_ns"]),
+            samples=list(h["samples"]),
+            clock="cuda" if cuda else "host",
+            steps_dropped=h["steps_dropped"],
+        )
+
+    def summary(self, gather: bool = True) -> StepSummary:
+        """Median/p90/share per phase over the kept steps after ``warmup``. In a distributed run
+        (torch.distributed initialized) with ``gather``, every rank must call it: rank 0's summary
+        then lists every rank's (``ranks``)."""
+        s = summarize(self.history(), skip_first=self.warmup)
+        s.dropped_events = int(_P.dropped_events())
+        if gather:
+            from .distributed import gather_summaries
+
+            gather_summaries(s)
+        return s
+
+    def facts(self) -> RunFacts:
+        """What the hooks saw (models, optimizers, loaders, counters); defaults without hooks."""
+        if self._hooks is None:
+            return RunFacts(device_type=self.device, steps=self.steps)
+        return self._hooks.facts()
+
+    def advice(self, summary: Optional[StepSummary] = None) -> list:
+        from .advice import advise
+
+        return advise(summary if summary is not None else self.summary(), self.facts())
+
+    def report(self, summary: Optional[StepSummary] = None) -> str:
+        """The summary table and the ranked advice, as printed at the end of ``torchspeed doctor``."""
+        from .report import format_findings, format_summary
+
+        s = summary if summary is not None else self.summary()
+        return format_summary(s) + "\n\n" + format_findings(self.advice(s))
+
+    def export_chrome_trace(self, path: str) -> str:
+        """Chrome trace JSON of every thread's ranges plus this profiler's steps (Perfetto)."""
+        return _ranges.export_chrome_trace(path, self)
+
+    def write_png(self, path: str) -> Optional[str]:
+        from .report import write_png
+
+        return write_png(self.history(), path)
+
+    def write_tensorboard(self, logdir: str) -> bool:
+        from .report import write_tensorboard
+
+        return write_tensorboard(self.history(), logdir)
+
+    def __repr__(self) -> str:
+        return (
+            f"torchspeed.profile.StepProfiler(device={self.device!r}, hooks={self._want_hooks}, "
+            f"step_on={self.step_on!r}, steps={self.steps}, clock={_P.clock_source()!r})"
+        )

@@ -1,0 +1,498 @@
+"""torchspeed.profile against ground truth: phases of known duration (busy loops and sleeps
+measured by the test itself) come out within max(3 % of the step, 0.2 ms); the CUDA-event
+timeline charges queued GPU work to the phase that launched it (a simulated GPU on the CPU);
+ranges, the Chrome trace, the loader's worker tracks, the doctor on an unmodified script and the
+distributed summary (two gloo ranks under torchrun)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import torchspeed
+import torchspeed.profile as tsp
+from torchspeed.profile import step as step_mod
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+P = torchspeed._C.profile
+
+
+def spin(ms: float) -> int:
+    """Busy-waits ms milliseconds; returns the ns it actually took."""
+    t0 = time.perf_counter_ns()
+    while time.perf_counter_ns() - t0 < ms * 1e6:
+        pass
+    return time.perf_counter_ns() - t0
+
+
+def timed_sleep(ms: float) -> int:
+    t0 = time.perf_counter_ns()
+    time.sleep(ms / 1e3)
+    return time.perf_counter_ns() - t0
+
+
+def tolerance_ns(step_ns: int) -> float:
+    """The issue's accuracy bound: max(3 % of the step, 0.2 ms)."""
+    return max(0.03 * step_ns, 0.2e6)
+
+
+def assert_phases_match(prof, truth, skip=1):
+    """Every kept step after `skip`: each phase within tolerance of the truth recorded for it."""
+    h = prof.history()
+    assert len(h) >= len(truth) - 1 >= 3
+    # history step i is truth step i (the profiler's first step() ended truth step 0).
+    for i in range(skip, min(len(h), len(truth))):
+        tol = tolerance_ns(h.step_ns[i])
+        assert sum(h.phase_ns[p][i] for p in tsp.PHASES) == h.step_ns[i]
+        for p, want in truth[i].items():
+            got = h.phase_ns[p][i]
+            assert abs(got - want) <= tol, (
+                f"step {i} {p}: measured {got / 1e6:.3f} ms, truth {want / 1e6:.3f} ms (tol {tol / 1e6:.3f})"
+            )
+
+
+# ---- accuracy: explicit phases, host clock --------------------------------------------------------
+
+
+def test_explicit_phases_match_ground_truth():
+    prof = tsp.StepProfiler(device="cpu", warmup=0)
+    truth = []
+    with prof:
+        for _ in range(8):
+            t = {}
+            with tsp.phase("data_wait"):
+                t["data_wait"] = timed_sleep(3)
+            with tsp.phase("forward"):
+                t["forward"] = spin(2)
+                with tsp.phase("h2d"):  # nested: the innermost phase owns its time
+                    t["h2d"] = spin(1)
+            with tsp.phase("backward"):
+                t["backward"] = spin(3)
+            with tsp.range("plain"):  # a plain range: its time is "other"
+                t["other"] = spin(1)
+            with tsp.phase("optimizer"):
+                t["optimizer"] = spin(1.5)
+            t["comm"] = 0
+            truth.append(t)
+            prof.step()
+    assert prof.steps == 8
+    # step() ends the step it is called in: history[i] is truth[i].
+    h = prof.history()
+    for i in range(1, 8):
+        tol = tolerance_ns(h.step_ns[i])
+        for p, want in truth[i].items():
+            assert abs(h.phase_ns[p][i] - want) <= tol, (i, p, h.phase_ns[p][i], want)
+    s = prof.summary(gather=False)
+    assert sum(st.share for st in s.phases.values()) == pytest.approx(1.0, abs=1e-9)
+    assert s.phases["data_wait"].share > s.phases["optimizer"].share
+
+
+# ---- accuracy: unmodified torch code under the hooks ------------------------------------------
+
+
+# The injected work dominates each phase; the phases' own machinery (collate, autograd, the real
+# SGD update: ~0.3-0.5 ms each on a 2-vCPU VM) is what the tolerance has to absorb.
+class SlowData(torch.utils.data.Dataset):
+    """Each batch of 8 sleeps 12 ms in its first sample; truth recorded per batch."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __len__(self):
+        return 8 * 12
+
+    def __getitem__(self, i):
+        if i % 8 == 0:
+            self.log.append(timed_sleep(12))
+        return torch.ones(16), 0
+
+
+class SpinForward(nn.Module):
+    def __init__(self, log):
+        super().__init__()
+        self.lin = nn.Linear(16, 4)
+        self.log = log
+
+    def forward(self, x):
+        self.log.append(spin(9))
+        return self.lin(x)
+
+
+class SpinBackward(torch.autograd.Function):
+    log = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        SpinBackward.log.append(spin(12))
+        return g
+
+
+class SpinSGD(torch.optim.SGD):
+    log = []
+
+    def step(self, closure=None):
+        SpinSGD.log.append(spin(6))
+        return super().step(closure)
+
+
+def test_hooks_measure_plain_torch_within_tolerance():
+    data_log, fwd_log = [], []
+    SpinBackward.log.clear()
+    SpinSGD.log.clear()
+    model = SpinForward(fwd_log)
+    opt = SpinSGD(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(SlowData(data_log), batch_size=8)
+    other_log = []
+    prof = tsp.StepProfiler(hooks=True, step_on="optimizer", device="cpu", warmup=0)
+    with prof:
+        for x, _ in loader:
+            out = SpinBackward.apply(model(x))
+            out.sum().backward()
+            opt.step()
+            opt.zero_grad()
+            other_log.append(spin(1))  # after the boundary: belongs to the next step's "other"
+    n = prof.steps
+    assert n == 12
+    truth = []
+    for i in range(n):
+        truth.append(
+            {
+                "data_wait": data_log[i],
+                "forward": fwd_log[i],
+                "backward": SpinBackward.log[i],
+                "optimizer": SpinSGD.log[i],
+            }
+        )
+    # The first step() only starts timing? No: with hooks the profiler starts at `with`, so the
+    # first optimizer step ends step 0. Skip step 0 (hook discovery, first-call costs).
+    assert_phases_match(prof, truth, skip=1)
+    h = prof.history()
+    for i in range(1, n):  # the spin after the boundary lands in the next step's other
+        assert h.phase_ns["other"][i] >= other_log[i - 1] - 0.2e6
+
+
+# ---- the CUDA-event timeline, on a simulated GPU ------------------------------------------------
+
+
+class FakeGpu:
+    """A GPU that runs launched work in order, behind the host: an event completes when the GPU
+    reaches it; elapsed_time is GPU time between two events."""
+
+    def __init__(self):
+        self.free_at = 0  # ns (host clock) when the queued work is done
+
+    def launch(self, ms):
+        self.free_at = max(self.free_at, time.perf_counter_ns()) + int(ms * 1e6)
+
+    def synchronize(self):
+        while time.perf_counter_ns() < self.free_at:
+            pass
+
+
+def make_fake_event(gpu):
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self, stream=None):
+            self.t = max(gpu.free_at, time.perf_counter_ns())
+
+        def query(self):
+            return self.t is not None and time.perf_counter_ns() >= self.t
+
+        def synchronize(self):
+            while not self.query():
+                pass
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) / 1e6
+
+    return FakeEvent
+
+
+def test_cuda_timeline_charges_queued_work_to_the_launching_phase(monkeypatch):
+    gpu = FakeGpu()
+    monkeypatch.setattr(torch.cuda, "Event", make_fake_event(gpu))
+    prof = tsp.StepProfiler(device="cpu", warmup=0)
+    prof._timeline = step_mod._CudaTimeline(prof._cpp)  # the CUDA path, on the fake GPU
+    with prof:
+        for _ in range(6):
+            with tsp.phase("data_wait"):
+                time.sleep(0.002)  # GPU idle meanwhile: 2 ms of exposed data wait
+            with tsp.phase("forward"):
+                gpu.launch(12)  # returns at once; the GPU is busy 12 ms
+            with tsp.phase("backward"):
+                gpu.launch(6)
+            with tsp.phase("optimizer"):
+                gpu.launch(1)
+                gpu.synchronize()  # e.g. loss.item(): a host timer would charge ~19 ms here
+            prof.step()
+    h = prof.history()
+    assert h.clock == "cuda"
+    assert len(h) == 6
+    for i in range(1, 6):
+        tol = tolerance_ns(h.step_ns[i])
+        assert abs(h.phase_ns["forward"][i] - 12e6) <= tol, h.phase_ns["forward"][i]
+        assert abs(h.phase_ns["backward"][i] - 6e6) <= tol
+        assert abs(h.phase_ns["optimizer"][i] - 1e6) <= tol
+        assert abs(h.phase_ns["data_wait"][i] - 2e6) <= tol
+        assert sum(h.phase_ns[p][i] for p in tsp.PHASES) == h.step_ns[i]
+
+
+def test_host_timer_misattributes_the_same_run():
+    """The control for the test above: the host clock charges the GPU's work to the phase that
+    waited (so the CUDA timeline's answer is not an accident of the setup)."""
+    gpu = FakeGpu()
+    prof = tsp.StepProfiler(device="cpu", warmup=0)
+    with prof:
+        for _ in range(4):
+            with tsp.phase("forward"):
+                gpu.launch(12)
+            with tsp.phase("optimizer"):
+                gpu.synchronize()
+            prof.step()
+    h = prof.history()
+    assert h.phase_ns["forward"][2] < 1e6
+    assert h.phase_ns["optimizer"][2] > 10e6
+
+
+# ---- torchspeed's own loader and optimizer report their phases ---------------------------------
+
+
+def test_torchspeed_loader_and_optimizer_report_phases_without_hooks():
+    x = torch.randn(512, 32)
+    loader = torchspeed.data.DataLoader(
+        torchspeed.data.TensorSource(x), batch_size=64, num_workers=2
+    )
+    model = nn.Linear(32, 8)
+    opt = torchspeed.optim.AdamW(model.parameters(), lr=1e-3)
+    prof = tsp.StepProfiler(device="cpu", warmup=0)
+    trace = None
+    with prof:
+        for xb in loader:
+            model(xb).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step(samples=xb.shape[0])
+    h = prof.history()
+    assert len(h) == 8
+    assert all(v > 0 for v in h.phase_ns["optimizer"][1:])
+    assert sum(h.phase_ns["data_wait"]) > 0
+    assert h.samples == [64] * 8
+    # The loader's worker threads have their own tracks in the trace.
+    trace = tsp.export_chrome_trace(
+        os.path.join(os.environ.get("TMPDIR", "/tmp"), "ts_loader_trace.json"), prof
+    )
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    os.remove(trace)
+    fills = {e["tid"] for e in events if e.get("name") == "torchspeed.data.fill_batch"}
+    mains = {e["tid"] for e in events if e.get("name") == "torchspeed.optim.step"}
+    assert len(fills) >= 1 and mains and not (fills & mains)
+    # step_stats["seconds"] are on the same clock as the optimizer phase.
+    assert opt.step_stats["seconds"] * 1e9 == pytest.approx(sum(h.phase_ns["optimizer"]), rel=0.5)
+
+
+# ---- ranges and the trace format ----------------------------------------------------------------
+
+
+def _my_events():
+    import threading
+
+    tid = threading.get_native_id()
+    for os_tid, _name, events in P.snapshot():
+        if os_tid == tid:
+            return events
+    return []
+
+
+def test_range_records_only_while_enabled_and_works_as_decorator():
+    r = tsp.range("test.py.range")
+    assert tsp.range("test.py.range") is r  # cached
+    was = tsp.enabled()
+    try:
+        tsp.set_enabled(False)
+        n0 = len(_my_events())
+        with r:
+            pass
+        assert len(_my_events()) == n0
+        tsp.set_enabled(True)
+
+        @tsp.range("test.py.decorated")
+        def f(a, b=2):
+            """doc"""
+            return a + b
+
+        assert f(1, b=3) == 4
+        assert f.__name__ == "f" and f.__doc__ == "doc"
+        with r:
+            with r:  # the same object nested
+                pass
+        ev = _my_events()[-3:]
+        names = [P.name_of(e[2]) for e in ev]
+        assert names == ["test.py.decorated", "test.py.range", "test.py.range"]
+        assert ev[1][0] >= ev[2][0] and ev[1][1] <= ev[2][1]  # inner inside outer
+    finally:
+        tsp.set_enabled(was)
+    with pytest.raises(ValueError, match="phase must be one of"):
+        tsp.phase("fwd")
+
+
+def test_chrome_trace_is_valid_and_nested(tmp_path):
+    prof = tsp.StepProfiler(device="cpu", warmup=0)
+    with prof:
+        for _ in range(3):
+            with tsp.phase("forward"):
+                with tsp.range('name with "quotes"\nand newline'):
+                    spin(0.2)
+            prof.step()
+    path = prof.export_chrome_trace(str(tmp_path / "t.json"))
+    with open(path) as f:
+        doc = json.load(f)
+    assert doc["displayTimeUnit"] == "ns"
+    assert isinstance(doc["otherData"]["dropped_events"], int)
+    ev = doc["traceEvents"]
+    for e in ev:
+        assert {"ph", "name", "pid", "tid"} <= set(e)
+        if e["ph"] == "X":
+            assert e["dur"] >= 0 and isinstance(e["ts"], float)
+    names = {e["name"] for e in ev}
+    assert 'name with "quotes"\nand newline' in names
+    steps = [e for e in ev if e.get("cat") == "step"]
+    assert [e["args"]["step"] for e in steps] == [0, 1, 2]
+    for e in steps:
+        parts = sum(e["args"][f"{p}_us"] for p in tsp.PHASES)
+        assert parts == pytest.approx(e["dur"], abs=0.01)
+    # Per thread track: complete events nest (Perfetto's requirement).
+    by_tid = {}
+    for e in ev:
+        if e["ph"] == "X":
+            by_tid.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_tid.values():
+        spans.sort(key=lambda s: (s[0], -s[1]))
+        stack = []
+        for b, e in spans:
+            while stack and stack[-1] <= b + 1e-3:
+                stack.pop()
+            assert not stack or e <= stack[-1] + 1e-3, "partially overlapping ranges on one track"
+            stack.append(e)
+    assert any(e["ph"] == "M" and e["name"] == "thread_name" for e in ev)
+
+
+# ---- the doctor on an unmodified script -----------------------------------------------------------
+
+
+def test_doctor_cli_on_an_unmodified_plain_torch_script(tmp_path):
+    out = tmp_path / "doc"
+    script = os.path.join(REPO, "examples", "python", "train_plain_torch.py")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchspeed",
+            "doctor",
+            "--steps",
+            "8",
+            "--out",
+            str(out),
+            "--",
+            "python",
+            script,
+            "--samples",
+            "1024",
+            "--batch-size",
+            "32",
+            "--work",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "data_wait" in r.stdout and "step" in r.stdout
+    with open(out / "summary.json") as f:
+        s = json.load(f)
+    assert s["steps"] == 7  # 8 steps, the first left out as warmup
+    rules = [x["rule"] for x in s["findings"]]
+    # The script's per-sample augmentation in the training process dominates its step.
+    assert rules[0] == "data_wait", rules
+    assert (
+        "conv_bias_before_bn" in rules and "zero_grad_keep" in rules and "num_workers_zero" in rules
+    )
+    with open(out / "trace.json") as f:
+        json.load(f)
+    assert (out / "report.txt").read_text().startswith("torchspeed.profile:")
+
+
+# ---- distributed: per-rank summaries gathered on rank 0, the slow rank named ----------------------
+
+_DIST_SCRIPT = """
+import os, time, torch, torch.distributed as dist
+import torchspeed.profile as tsp
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+prof = tsp.StepProfiler(hooks=True, step_on="optimizer", device="cpu")
+with prof:
+    for i in range(12):
+        with tsp.phase("data_wait"):
+            time.sleep(0.012 if rank == 1 else 0.001)  # rank 1's input pipeline is slow
+        model(torch.randn(32, 64)).sum().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)  # the collective hook: comm phase
+        opt.step()
+        opt.zero_grad()
+s = prof.summary()
+if rank == 0:
+    import json
+    from torchspeed.profile.distributed import wire_size
+    findings = prof.advice(s)
+    print("RESULT " + json.dumps({
+        "ranks": [r.rank for r in s.ranks],
+        "data_ms": [r.phases["data_wait"].median_s * 1e3 for r in s.ranks],
+        "comm_share": s.phases["comm"].share,
+        "wire": wire_size(s),
+        "straggler": [f.title for f in findings if f.rule == "straggler"],
+    }))
+dist.destroy_process_group()
+"""
+
+
+def test_distributed_summary_names_the_slow_rank(tmp_path):
+    script = tmp_path / "dist_prof.py"
+    script.write_text(textwrap.dedent(_DIST_SCRIPT))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "0" if False else "29517",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))
+    res = json.loads(line[len("RESULT ") :])
+    assert res["ranks"] == [0, 1]
+    assert res["data_ms"][1] > res["data_ms"][0] + 8
+    assert res["comm_share"] > 0
+    assert res["wire"] <= 1024  # aggregation traffic per rank per report
+    assert res["straggler"] and "rank 1" in res["straggler"][0] and "data" in res["straggler"][0]
