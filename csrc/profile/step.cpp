@@ -19,8 +19,11 @@ StepRecord breakdown(const std::vector<Event>& events, uint64_t begin, uint64_t 
     uint64_t b, e;
     int phase;
   };
-  std::vector<Span> spans;
-  spans.reserve(events.size());
+  // Scratch reused across calls on this thread: a step() allocates nothing once warm.
+  thread_local std::vector<Span> spans;
+  thread_local std::vector<const Span*> open;
+  spans.clear();
+  open.clear();
   for (const Event& ev : events) {
     const int p = static_cast<int>(ev.phase);
     if (p >= kNumPhases) continue;  // plain ranges: their time stays with the phase around them
@@ -32,7 +35,6 @@ StepRecord breakdown(const std::vector<Event>& events, uint64_t begin, uint64_t 
             [](const Span& x, const Span& y) { return x.b != y.b ? x.b < y.b : x.e > y.e; });
   // Ticks per phase; at each instant the innermost open span (the latest begun) owns the time.
   uint64_t ticks_in[kNumPhases] = {};
-  std::vector<const Span*> open;
   uint64_t t = begin;
   const auto advance_to = [&](uint64_t target) {
     while (t < target) {
@@ -83,15 +85,15 @@ StepRecord StepProfiler::step(int64_t samples) {
     start();
     return StepRecord{};
   }
-  std::vector<Event> events;
+  events_.clear();
   detail::Ring* r = detail::this_thread_ring();
   if (r != nullptr) {
     // step() on another thread than last time: that thread's events from now on.
     const uint64_t from = r == ring_owner_ ? cursor_ : r->head.load(std::memory_order_acquire);
-    cursor_ = r->take(from, &events);
+    cursor_ = r->take(from, &events_);
     ring_owner_ = r;
   }
-  StepRecord rec = breakdown(events, step_begin_, now);
+  StepRecord rec = breakdown(events_, step_begin_, now);
   rec.samples = samples;
   add(rec);
   step_begin_ = now;

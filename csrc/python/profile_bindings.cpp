@@ -31,6 +31,33 @@ struct PyRange {
   tp::Phase phase;
 };
 
+// Where this thread's phase ranges go besides the C++ stack: a Python StepProfiler's CUDA
+// timeline (its enter/exit record CUDA events at phase boundaries), or nothing (the host clock
+// needs only the C++ stack, so a `with` stays two C++ calls). Owned reference, per thread.
+thread_local PyObject* t_timeline = nullptr;
+
+void enter_range(tp::NameId name, tp::Phase phase) {
+  if (t_timeline != nullptr && phase != tp::Phase::None) {
+    py::handle(t_timeline).attr("enter")(name, static_cast<int>(phase));
+  } else {
+    tp::begin(name, phase);
+  }
+}
+
+void exit_range(tp::NameId name, tp::Phase phase) {
+  if (t_timeline != nullptr && phase != tp::Phase::None) {
+    py::handle(t_timeline).attr("exit")(name);
+  } else {
+    tp::end(name);  // by name: interleaved async ranges close their own entry
+  }
+}
+
+void set_timeline(py::object timeline) {
+  PyObject* old = t_timeline;
+  t_timeline = timeline.is_none() ? nullptr : timeline.release().ptr();
+  Py_XDECREF(old);
+}
+
 // The cost of a C++ range in a tight loop (for bench/bench_profile.py): ns per range.
 double range_loop_ns(int64_t n) {
   const int64_t t0 = tp::now_ns();
@@ -94,6 +121,18 @@ void bind_profile(py::module_& parent) {
         "Closes this thread's newest open range; False if none was open.");
   m.def("end", py::overload_cast<tp::NameId>(&tp::end), py::arg("name_id"),
         "Closes this thread's newest open range with this name; False if there is none.");
+  m.def(
+      "enter", [](tp::NameId id, int p) { enter_range(id, phase_from_int(p)); },
+      py::arg("name_id"), py::arg("phase"),
+      "Opens a phase range on this thread (through its StepProfiler timeline, if one is set).");
+  m.def(
+      "exit", [](tp::NameId id, int p) { exit_range(id, phase_from_int(p)); },
+      py::arg("name_id"), py::arg("phase"), "Closes what enter() opened.");
+  m.def("_set_timeline", &set_timeline, py::arg("timeline"),
+        "This thread's phase ranges also go to timeline.enter/exit (None: C++ only).");
+  m.def("_get_timeline", [] {
+    return t_timeline ? py::reinterpret_borrow<py::object>(t_timeline) : py::none();
+  });
   m.def("ring_capacity", &tp::ring_capacity);
   m.def("set_ring_capacity", [](size_t n) {
     try {
@@ -127,12 +166,12 @@ void bind_profile(py::module_& parent) {
       .def("__enter__",
            [](py::object self) {
              const PyRange& r = self.cast<const PyRange&>();
-             tp::begin(r.name, r.phase);
+             enter_range(r.name, r.phase);
              return self;
            })
       .def("__exit__",
            [](const PyRange& r, py::handle, py::handle, py::handle) {
-             tp::end(r.name);  // by name: interleaved async ranges close their own entry
+             exit_range(r.name, r.phase);
              return false;
            })
       .def("__call__",
@@ -151,11 +190,7 @@ void bind_profile(py::module_& parent) {
       .def("start", &tp::StepProfiler::start)
       .def(
           "step",
-          [](tp::StepProfiler& p, int64_t samples) {
-            const tp::StepRecord r = p.step(samples);
-            std::vector<int64_t> ph(r.phase_ns, r.phase_ns + tp::kNumPhases);
-            return py::make_tuple(r.begin_ns, r.end_ns, ph);
-          },
+          [](tp::StepProfiler& p, int64_t samples) { p.step(samples); },
           py::arg("samples") = 0)
       .def(
           "add",

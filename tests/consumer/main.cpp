@@ -1,6 +1,7 @@
 // Calls torchspeed::grad_stats from an app built against the installed package and checks the
 // result against a float64 computation, then runs torchspeed::optim::AdamW beside
-// torch::optim::AdamW; exits non-zero on any mismatch.
+// torch::optim::AdamW under the profiler (its StepProfiler, a range, a Chrome trace); exits
+// non-zero on any mismatch.
 #include <torch/torch.h>
 #include <torchspeed/optim.h>
 #include <torchspeed/torchspeed.h>
@@ -36,12 +37,31 @@ int main() {
   p_ref.set_requires_grad(true);
   torchspeed::optim::AdamW opt({p}, torchspeed::optim::AdamWOptions(1e-2).weight_decay(0.1));
   torch::optim::AdamW opt_ref({p_ref}, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  namespace tp = torchspeed::profile;
+  tp::set_enabled(true);
+  tp::StepProfiler prof;
+  prof.start();
   for (int i = 0; i < 10; ++i) {
     const auto g = torch::randn({257});
-    p.mutable_grad() = g.clone();
-    p_ref.mutable_grad() = g.clone();
-    opt.step();
+    {
+      TORCHSPEED_RANGE("consumer.grads");
+      p.mutable_grad() = g.clone();
+      p_ref.mutable_grad() = g.clone();
+    }
+    opt.step();  // reports the optimizer phase itself
     opt_ref.step();
+    prof.step();
+  }
+  tp::set_enabled(false);
+  const auto steps = prof.history();
+  int64_t opt_ns = 0;
+  for (const auto& s : steps) opt_ns += s.phase_ns[static_cast<int>(tp::Phase::Optimizer)];
+  std::printf("profiler: %zu steps, optimizer phase %.3f ms in all (clock %s)\n", steps.size(),
+              static_cast<double>(opt_ns) / 1e6, tp::clock_source());
+  tp::write_chrome_trace("consumer_trace.json", &prof);
+  if (steps.size() != 10 || opt_ns <= 0) {
+    std::printf("FAILED: the profiler did not see the optimizer steps\n");
+    return 1;
   }
   const double diff = (p - p_ref).abs().max().item<double>();
   std::printf("torchspeed::optim::AdamW vs torch::optim::AdamW after 10 steps: max |diff| %.3g\n",

@@ -77,7 +77,8 @@ def _isolate():
     _drain_open_ranges()
     yield
     _drain_open_ranges()
-    ranges_mod._route.timeline = None
+    ranges_mod._route.profiler = None
+    P._set_timeline(None)
     for o, n, v in saved:
         if v is _MISSING:
             if n in o.__dict__:
@@ -119,7 +120,7 @@ def _assert_hooks_removed():
     assert not mm._global_forward_hooks
     assert not om._global_optimizer_pre_hooks and not om._global_optimizer_post_hooks
     assert not hooks_mod._active_hooks
-    assert ranges_mod._route.timeline is None
+    assert ranges_mod._timeline() is None
 
 
 def _model():
@@ -514,7 +515,7 @@ def test_nvtx_without_cuda_fails_leaving_nothing_half_done():
     P.set_enabled(False)
     with pytest.raises((RuntimeError, ValueError), match="NVTX"):
         tsp.StepProfiler(device="cpu", nvtx=True).start()
-    assert ranges_mod._route.timeline is None
+    assert ranges_mod._timeline() is None
     assert P.enabled() is False
 
 
@@ -563,7 +564,7 @@ def test_two_profilers_on_one_thread_the_second_refuses_and_the_first_keeps_work
         assert a.history().phase_ns["forward"][-1] >= 4e6
         assert b.steps == 0
     assert P.enabled() is False
-    assert ranges_mod._route.timeline is None
+    assert ranges_mod._timeline() is None
 
 
 def test_nested_with_of_one_profiler_keeps_it_running_or_refuses():

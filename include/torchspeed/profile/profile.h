@@ -224,6 +224,7 @@ class TORCHSPEED_API StepProfiler {
   uint64_t step_begin_ = 0;
   const void* ring_owner_ = nullptr;  // the ring step() last read (its thread's)
   uint64_t cursor_ = 0;               // that ring's events already taken
+  std::vector<Event> events_;         // reused by every step(): no allocation per step
 };
 
 /// Writes every ring (and the steps of `profiler`, if given) as Chrome trace event JSON: "X"

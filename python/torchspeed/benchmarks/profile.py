@@ -839,7 +839,43 @@ def heap_kib() -> Optional[int]:
 
 
 def memory_section(t: Table, quick: bool) -> Dict:
-    print("4. Memory", flush=True)
+    """Runs memory_child in a fresh interpreter: in this process the earlier sections have freed
+    memory that malloc reuses (RSS then moves without any growth), and torch.profiler's events of
+    section 3 were freed into the heap the next run would grow into."""
+    print("4. Memory (in a fresh process)", flush=True)
+    code = (
+        "import json, sys\n"
+        "from torchspeed.benchmarks.profile import memory_child\n"
+        f"print('@@' + json.dumps(memory_child({bool(quick)})))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("@@")), None)
+    if r.returncode != 0 or line is None:
+        why = f"child failed (rc {r.returncode}): {r.stderr.strip()[-300:]}"
+        t.add("4. memory", "RSS growth", "failed", "", note=why)
+        return {"failed": why}
+    got = json.loads(line[2:])
+    for row in got.pop("rows"):
+        t.add(row.pop("group"), row.pop("label"), row.pop("median"), row.pop("unit"), **row)
+    return got
+
+
+def memory_child(quick: bool) -> Dict:
+    """The memory runs (section 4); returns the results and the rows to print."""
+    t = _QuietTable()
+    res = _memory_runs(t, quick)
+    res["rows"] = t.rows
+    return res
+
+
+class _QuietTable(Table):
+    def add(self, group: str, label: str, median, unit: str, **extra) -> Dict:
+        row = {"group": group, "label": label, "median": median, "unit": unit, **extra}
+        self.rows.append(row)
+        return row
+
+
+def _memory_runs(t: Table, quick: bool) -> Dict:
     total = 10_000 if quick else 20_000
     marks = [2_000, 5_000, 10_000] + ([20_000] if not quick else [])
     x = torch.ones(16)
@@ -946,6 +982,17 @@ def cpu_details() -> Dict:
     return out
 
 
+def cpu_ticks() -> List[int]:
+    """The machine's cpu line of /proc/stat (user nice system idle iowait irq softirq steal ...)."""
+    try:
+        return [
+            int(x)
+            for x in Path("/proc/stat").read_text(encoding="ascii").split("\n")[0].split()[1:]
+        ]
+    except (OSError, ValueError):
+        return []
+
+
 def loadavg() -> str:
     """The 1-minute load average (others' work on this machine skews every row), or "?"."""
     try:
@@ -964,6 +1011,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     load_start = loadavg()
+    ticks_start = cpu_ticks()
     command = "torchspeed bench profile " + " ".join(sys.argv[1:] if argv is None else argv)
     machine = machine_info("cpu")
     machine.update(
@@ -986,13 +1034,20 @@ def main(argv=None):
     }
     secs = time.perf_counter() - t_start
     machine["loadavg_end"] = loadavg()
+    ticks_end = cpu_ticks()
+    steal = "?"
+    if len(ticks_start) > 7 and len(ticks_end) > 7:
+        d = [b - a for a, b in zip(ticks_start, ticks_end)]
+        machine["cpu_ticks_delta"] = d
+        machine["steal_pct"] = 100 * d[7] / max(1, sum(d[:8]))
+        steal = f"{machine['steal_pct']:.1f} %"
     fam = machine["cpu"]
     header = (
         f"# bench_profile  ({machine['cpu_model']}, family {fam.get('cpu family', '?')} model "
         f"{fam.get('model', '?')}, {machine['cores']} cores, torch {machine['torch']}, "
         f"clock {machine['clock_source']} {1 / machine['ns_per_tick']:.3f} GHz, "
         f"{'--quick, ' if args.quick else ''}{secs:.0f} s; load average "
-        f"{load_start} before, {machine['loadavg_end']} after)"
+        f"{load_start} before, {machine['loadavg_end']} after (this run adds ~1); steal {steal})"
     )
     text = table.format(header)
     print("\n" + text, flush=True)

@@ -564,7 +564,7 @@ class _NativeIterator:
             if self.dl.collate_fn is not None:
                 batch = self.dl.collate_fn(batch)
         finally:
-            _profile_ranges._exit(_NEXT_NAME_ID)
+            _profile_ranges._exit(_NEXT_NAME_ID, _DATA_WAIT_PHASE)
         if _profile_hooks._active_hooks:
             _profile_hooks.saw_batch(batch)
         return batch

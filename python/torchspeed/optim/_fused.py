@@ -334,7 +334,7 @@ class FusedOptimizer(Optimizer):
         try:
             return self._fused_step(closure)
         finally:
-            _profile_ranges._exit(_STEP_NAME_ID)
+            _profile_ranges._exit(_STEP_NAME_ID, _OPTIMIZER_PHASE)
 
     def _fused_step(self, closure):
         loss = None

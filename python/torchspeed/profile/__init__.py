@@ -16,7 +16,6 @@ doctor that names the bottleneck and the fix.
 from ._doctor import doctor
 from .advice import advise
 from .ranges import (
-    PhaseRange,
     clock_source,
     dropped_events,
     enabled,
@@ -32,7 +31,6 @@ from .summary import PHASES, Finding, PhaseStat, RunFacts, StepHistory, StepSumm
 __all__ = [
     "PHASES",
     "Finding",
-    "PhaseRange",
     "PhaseStat",
     "RunFacts",
     "StepHistory",

@@ -132,7 +132,7 @@ class TorchHooks:
         _ranges._enter(_NAMES["forward"], _IDS["forward"])
 
     def _root_exit(self) -> None:
-        _ranges._exit(_NAMES["forward"])
+        _ranges._exit(_NAMES["forward"], _IDS["forward"])
         if self.discovery:
             self.fwd_host_ns += _P.now_ns() - self._fwd_t0
 
@@ -207,7 +207,7 @@ class TorchHooks:
         self.opt_depth -= 1
         if self.opt_depth > 0:
             return
-        _ranges._exit(_NAMES["optimizer"])
+        _ranges._exit(_NAMES["optimizer"], _IDS["optimizer"])
         if (
             self.prof.step_on == "optimizer"
             and self.primary_opt is not None
@@ -242,7 +242,7 @@ class TorchHooks:
             try:
                 return orig(*args, **kwargs)
             finally:
-                _ranges._exit(nid)
+                _ranges._exit(nid, pid)
 
         wrapper.__wrapped__ = orig
         wrapper.__name__ = getattr(orig, "__name__", "wrapper")
@@ -266,7 +266,7 @@ class TorchHooks:
                 try:
                     batch = orig(it)
                 finally:
-                    _ranges._exit(nid)
+                    _ranges._exit(nid, pid)
                 from .step import _batch_size
 
                 hooks.prof.pending_samples += _batch_size(batch)
@@ -354,7 +354,7 @@ class TorchHooks:
                 try:
                     return orig(t, *args, **kwargs)
                 finally:
-                    _ranges._exit(nid)
+                    _ranges._exit(nid, pid)
 
             return to
 
@@ -367,7 +367,7 @@ class TorchHooks:
                 try:
                     return orig(t, device, non_blocking, **kwargs)
                 finally:
-                    _ranges._exit(nid)
+                    _ranges._exit(nid, pid)
 
             return cuda
 
@@ -411,7 +411,7 @@ class TorchHooks:
         if self.opt_depth > 0 and not self._in_opt_post:
             # An optimizer step raised (torch calls no post hook then): close its phase here.
             for _ in range(self.opt_depth):
-                _ranges._exit(_NAMES["optimizer"])
+                _ranges._exit(_NAMES["optimizer"], _IDS["optimizer"])
             self.opt_depth = 0
         # Not inside a forward (an optimizer stepped from a module's forward): the global post
         # hook that closes that forward must stay until it has run.

@@ -1,6 +1,6 @@
-"""Ranges from Python: ``torchspeed.profile.range(name)`` (a C++ context manager: a ``with``
-costs two C++ calls) and ``phase(name)`` (a range that counts as a phase of the step breakdown and
-also marks the CUDA timeline when a StepProfiler runs on a GPU). Both are decorators too.
+"""Ranges from Python: ``torchspeed.profile.range(name)`` and ``phase(name)`` (a range that counts
+as a phase of the step breakdown, and also marks the CUDA timeline when a StepProfiler runs on a
+GPU). Both are C++ context managers, so a ``with`` costs two C++ calls; both are decorators too.
 
     with torchspeed.profile.range("augment"):      # in the trace, its time stays in its phase
         ...
@@ -43,39 +43,27 @@ def phase_id(phase: str) -> int:
 
 
 class _Route(threading.local):
-    # Where phase ranges of this thread go: None = straight to C++; else the running StepProfiler's
-    # timeline (its thread only), which also records CUDA events at phase boundaries. A timeline
-    # stopped from another thread is marked closed, and ranges then go straight to C++ again.
-    timeline = None
+    # The StepProfiler running on this thread (one at a time). Its CUDA timeline, if any, is set
+    # in C++ (_P._set_timeline): phase ranges then also go to its enter/exit, which record CUDA
+    # events at phase boundaries. On the host clock phase ranges are C++ calls only.
+    profiler = None
 
 
 _route = _Route()
 
 
 def _timeline():
-    """This thread's running StepProfiler timeline, or None (a closed one is dropped)."""
-    t = _route.timeline
-    if t is not None and t.closed:
-        _route.timeline = t = None
-    return t
+    """The timeline of the StepProfiler running on this thread, or None."""
+    p = _route.profiler
+    if p is None or p._state != "running":
+        _route.profiler = None
+        return None
+    return p._timeline
 
 
-def _enter(name_id: int, phase: int) -> None:
-    t = _route.timeline
-    if t is None or t.closed:
-        _P.begin(name_id, phase)
-    else:
-        t.enter(name_id, phase)
-
-
-def _exit(name_id: int) -> None:
-    # By name: the newest open range of that name closes, even if newer ones are open (ranges
-    # interleaved by async code); an exit without its enter closes nothing.
-    t = _route.timeline
-    if t is None or t.closed:
-        _P.end(name_id)
-    else:
-        t.exit(name_id)
+#: Open / close a phase range by name id and phase id (hooks, torchspeed's loader and optimizers).
+_enter = _P.enter
+_exit = _P.exit
 
 
 class _ThreadName(threading.local):
@@ -112,39 +100,6 @@ def _decorate(ctx, fn: Callable) -> Callable:
     return wrapper
 
 
-class PhaseRange:
-    """A range counted as ``phase`` in the step breakdown (use ``phase(name)`` to get one)."""
-
-    __slots__ = ("name_id", "phase", "name")
-
-    def __init__(self, name: str, phase: str):
-        self.name = name
-        self.name_id = _P.intern(name)
-        self.phase = phase_id(phase)
-
-    def __enter__(self) -> PhaseRange:
-        t = _route.timeline
-        if t is None or t.closed:
-            _P.begin(self.name_id, self.phase)
-        else:
-            t.enter(self.name_id, self.phase)
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        t = _route.timeline
-        if t is None or t.closed:
-            _P.end(self.name_id)
-        else:
-            t.exit(self.name_id)
-        return False
-
-    def __call__(self, fn: Callable) -> Callable:
-        return _decorate(self, fn)
-
-    def __repr__(self) -> str:
-        return f"torchspeed.profile.phase({PHASES[self.phase]!r}, name={self.name!r})"
-
-
 _ranges: Dict[Tuple[str, Optional[str]], object] = {}
 
 
@@ -156,32 +111,48 @@ def range(name: str, phase: Optional[str] = None):  # noqa: A001 (the torch.prof
     (name, phase), so calling this in a loop costs a dict lookup. Names are interned for the
     life of the process: use a fixed set of names, not one per step (f"batch {i}").
     """
+    try:  # the hot path: a cached range (a dict lookup)
+        r = _ranges[(name, phase)]
+    except (KeyError, TypeError):
+        return _new_range(name, phase)
+    if _names.native_id is None:  # this thread's first range: remember its Python name
+        _thread_seen()
+    return r
+
+
+def _new_range(name, phase):
     if not isinstance(name, str):
         raise TypeError(f"torchspeed.profile.range: name must be a str, got {type(name).__name__}")
     if phase is not None:
         phase_id(phase)  # ValueError naming the choices (also for a non-str, unhashable phase)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            "torchspeed.profile.range: name must be valid UTF-8 text (no lone surrogates), "
+            f"got {name!r:.80}"
+        ) from None
     if _names.native_id is None:
         _thread_seen()
-    key = (name, phase)
-    r = _ranges.get(key)
-    if r is None:
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(
-                "torchspeed.profile.range: name must be valid UTF-8 text (no lone surrogates), "
-                f"got {name!r:.80}"
-            ) from None
-        r = _P.Range(_P.intern(name), _NONE) if phase is None else PhaseRange(name, phase)
-        _ranges[key] = r
+    r = _P.Range(_P.intern(name), _NONE if phase is None else phase_id(phase))
+    _ranges[(name, phase)] = r
     return r
 
 
-def phase(phase: str, name: Optional[str] = None) -> PhaseRange:
+def phase(phase: str, name: Optional[str] = None):
     """A range that counts as ``phase`` (data_wait, h2d, forward, backward, optimizer, comm,
     other); named ``name`` in the trace (default: the phase)."""
-    phase_id(phase)  # the phase is the argument a bad value most likely is: name it first
-    return range(name if name is not None else phase, phase)
+    try:  # the hot path, as in range()
+        r = _phases[(phase, name)]
+    except (KeyError, TypeError):
+        phase_id(phase)  # the phase is the argument a bad value most likely is: name it first
+        r = _phases[(phase, name)] = range(name if name is not None else phase, phase)
+    if _names.native_id is None:
+        _thread_seen()
+    return r
+
+
+_phases: Dict[Tuple[str, Optional[str]], object] = {}
 
 
 def export_chrome_trace(path, profiler=None) -> str:

@@ -38,17 +38,11 @@ _running = {"count": 0, "was_enabled": False, "hooked": None}
 
 
 class _HostTimeline:
-    """Phases go to the C++ per-thread stack; step() breaks the step down from the thread's ring."""
+    """Phases are on the C++ per-thread stack; step() breaks the step down from the thread's ring."""
 
     def __init__(self, cpp):
         self.cpp = cpp
-        self.closed = False  # set by stop(): the thread's ranges go straight to C++ again
-
-    def enter(self, name_id: int, phase: int) -> None:
-        _P.begin(name_id, phase)
-
-    def exit(self, name_id: int) -> None:
-        _P.end(name_id)
+        self.closed = False
 
     def start(self) -> None:
         self.cpp.start()
@@ -81,13 +75,20 @@ class _CudaTimeline:
     def _current(self) -> int:
         return self.stack[-1][1] if self.stack else _ranges.OTHER
 
+    # Called from C++ for every phase range of the profiler's thread (see _P._set_timeline).
     def enter(self, name_id: int, phase: int) -> None:
         _P.begin(name_id, phase)
+        if self.closed:  # stopped from another thread: this thread goes back to C++ only
+            _P._set_timeline(None)
+            return
         self.stack.append((name_id, phase))
         self._mark(phase)
 
     def exit(self, name_id: int) -> None:
         _P.end(name_id)
+        if self.closed:
+            _P._set_timeline(None)
+            return
         for i in range(len(self.stack) - 1, -1, -1):  # the newest entry of that name
             if self.stack[i][0] == name_id:
                 del self.stack[i]
@@ -205,6 +206,7 @@ class StepProfiler:
             raise RuntimeError(f"{name}: a profiler runs once; make a new one to profile again")
         if _ranges._timeline() is not None:
             raise RuntimeError(f"{name}: another StepProfiler is running on this thread")
+        _P._set_timeline(None)  # a timeline left by a profiler stopped from another thread
         with _lock:
             if self._want_hooks and _running["hooked"] is not None:
                 raise RuntimeError(
@@ -220,7 +222,9 @@ class StepProfiler:
         if self._nvtx:
             _P.set_nvtx(True)
         self._thread = threading.get_ident()
-        _ranges._route.timeline = self._timeline
+        _ranges._route.profiler = self
+        if isinstance(self._timeline, _CudaTimeline):
+            _P._set_timeline(self._timeline)
         self._state = "running"
         if self._want_hooks:
             from .hooks import TorchHooks
@@ -238,10 +242,12 @@ class StepProfiler:
         self._state = "stopped"
         if self._hooks is not None:
             self._hooks.remove()
-        # The starting thread drops the timeline at its next range (its route is thread-local).
+        # From another thread, the starting thread drops the timeline at its next phase range
+        # (the route is per thread).
         self._timeline.closed = True
-        if _ranges._route.timeline is self._timeline:
-            _ranges._route.timeline = None
+        if threading.get_ident() == self._thread:
+            _P._set_timeline(None)
+            _ranges._route.profiler = None
         self._timeline.flush()
         if self._nvtx:
             _P.set_nvtx(False)
