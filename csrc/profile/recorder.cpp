@@ -257,7 +257,8 @@ void after_fork_child() {
   t_ring.ring.reset();
   t_ring.failed = false;
 }
-[[maybe_unused]] const int g_atfork = pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+[[maybe_unused]] const int g_atfork =
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }  // namespace
 
 Ring* this_thread_ring() noexcept {

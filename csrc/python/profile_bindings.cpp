@@ -122,17 +122,16 @@ void bind_profile(py::module_& parent) {
   m.def("end", py::overload_cast<tp::NameId>(&tp::end), py::arg("name_id"),
         "Closes this thread's newest open range with this name; False if there is none.");
   m.def(
-      "enter", [](tp::NameId id, int p) { enter_range(id, phase_from_int(p)); },
-      py::arg("name_id"), py::arg("phase"),
+      "enter", [](tp::NameId id, int p) { enter_range(id, phase_from_int(p)); }, py::arg("name_id"),
+      py::arg("phase"),
       "Opens a phase range on this thread (through its StepProfiler timeline, if one is set).");
   m.def(
-      "exit", [](tp::NameId id, int p) { exit_range(id, phase_from_int(p)); },
-      py::arg("name_id"), py::arg("phase"), "Closes what enter() opened.");
+      "exit", [](tp::NameId id, int p) { exit_range(id, phase_from_int(p)); }, py::arg("name_id"),
+      py::arg("phase"), "Closes what enter() opened.");
   m.def("_set_timeline", &set_timeline, py::arg("timeline"),
         "This thread's phase ranges also go to timeline.enter/exit (None: C++ only).");
-  m.def("_get_timeline", [] {
-    return t_timeline ? py::reinterpret_borrow<py::object>(t_timeline) : py::none();
-  });
+  m.def("_get_timeline",
+        [] { return t_timeline ? py::reinterpret_borrow<py::object>(t_timeline) : py::none(); });
   m.def("ring_capacity", &tp::ring_capacity);
   m.def("set_ring_capacity", [](size_t n) {
     try {
@@ -189,8 +188,7 @@ void bind_profile(py::module_& parent) {
       .def(py::init<size_t>(), py::arg("history_steps") = 16384)
       .def("start", &tp::StepProfiler::start)
       .def(
-          "step",
-          [](tp::StepProfiler& p, int64_t samples) { p.step(samples); },
+          "step", [](tp::StepProfiler& p, int64_t samples) { p.step(samples); },
           py::arg("samples") = 0)
       .def(
           "add",
