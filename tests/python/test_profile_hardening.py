@@ -1268,10 +1268,8 @@ def test_run_with_dash_m_runs_the_module_as_main(script, tmp_path, monkeypatch, 
 
 def test_doctor_cli_stops_an_infinite_loop_that_catches_exception(script, tmp_path):
     out = tmp_path / "cli_out"
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.path.join(REPO, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    )
+    # The child imports the torchspeed this test imported (an editable or a site-packages install).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     p = subprocess.run(
         [
             sys.executable,

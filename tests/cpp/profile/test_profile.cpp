@@ -17,15 +17,31 @@
 
 namespace tp = torchspeed::profile;
 
-// Heap allocations made by the calling thread (the hot path must make none).
+// Heap allocations made by the calling thread (the hot path must make none). Every unaligned form
+// of new and delete is replaced, so that no block crosses between this malloc/free pair and a
+// sanitizer's own operator new (ASan reports such a pair as alloc-dealloc-mismatch); the aligned
+// forms stay the runtime's on both sides.
 static thread_local long t_allocs = 0;
-void* operator new(std::size_t n) {
+static void* counted_alloc(std::size_t n) noexcept {
   ++t_allocs;
-  if (void* p = std::malloc(n ? n : 1)) return p;
+  return std::malloc(n ? n : 1);
+}
+void* operator new(std::size_t n) {
+  if (void* p = counted_alloc(n)) return p;
   throw std::bad_alloc();
 }
+void* operator new[](std::size_t n) {
+  if (void* p = counted_alloc(n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc(n); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace {
 
