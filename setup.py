@@ -5,6 +5,7 @@ against it (so use ``pip install --no-build-isolation .``), and pins that torch 
 
 Environment knobs: TORCHSPEED_WITH_CUDA=AUTO|ON|OFF, TORCHSPEED_WITH_DATA=ON|OFF (the data loader,
 needs libpng), TORCHSPEED_WITH_JPEG=ON|OFF (its JPEG decode, needs libjpeg-turbo),
+TORCHSPEED_WITH_DIST=ON|OFF (torchspeed.dist, needs torch built with c10d),
 TORCHSPEED_BUILD_DIR (default build/py), CMAKE_ARGS (extra -D options), MAX_JOBS (parallel compile
 jobs), CMAKE_BUILD_TYPE (default Release).
 """
@@ -71,7 +72,7 @@ class CMakeBuild(build_ext):
             f"-DTORCHSPEED_WITH_CUDA={os.environ.get('TORCHSPEED_WITH_CUDA', 'AUTO')}",
         ]
         # Only when set: otherwise a build folder keeps what an earlier CMAKE_ARGS chose.
-        for knob in ("TORCHSPEED_WITH_DATA", "TORCHSPEED_WITH_JPEG"):
+        for knob in ("TORCHSPEED_WITH_DATA", "TORCHSPEED_WITH_JPEG", "TORCHSPEED_WITH_DIST"):
             if os.environ.get(knob):
                 args.append(f"-D{knob}={os.environ[knob]}")
         if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():

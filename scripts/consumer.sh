@@ -37,7 +37,7 @@ run_consumer() {  # name prefix_path libdir
     -DEXPECT_WITH_DATA="$data" >"$dir.log" 2>&1 || { cat "$dir.log"; return 1; }
   cmake --build "$dir" >>"$dir.log" 2>&1 || { cat "$dir.log"; return 1; }
   "$dir/minimal_app"
-  "$dir/consumer"
+  (cd "$dir" && ./consumer)  # it writes consumer_trace.json where it runs
   "$dir/dlopen_app"
   check_openmp "$dir/minimal_app"
 }
@@ -70,3 +70,22 @@ cmake -S examples/cpp -B build/examples -G Ninja -DCMAKE_PREFIX_PATH="$WHEEL_CMA
 cmake --build build/examples >>build/examples.log 2>&1 || { cat build/examples.log; exit 1; }
 build/examples/train_mlp 200
 check_openmp build/examples/train_mlp
+if [ -x build/examples/ddp_train ]; then
+  # The C++ and Python fronts of AccumulatingDDP on the same formulas: the same parameters.
+  echo "examples/cpp/ddp_train and examples/python/ddp_accumulate.py under torchrun (2 ranks, Gloo):"
+  run2=("$PY" -m torch.distributed.run --standalone --nproc-per-node 2)
+  rm -f build/ddp_cpp.pt build/ddp_py.pt
+  OMP_NUM_THREADS=1 timeout 300 "${run2[@]}" --no-python build/examples/ddp_train 6 3 build/ddp_cpp.pt
+  OMP_NUM_THREADS=1 timeout 300 "${run2[@]}" examples/python/ddp_accumulate.py --steps 6 \
+    --accumulation-steps 3 --save build/ddp_py.pt
+  "$PY" - <<'PYEOF'
+import torch
+# Our own files: the C++ one is torch::pickle_save's tensor list (torch.load needs weights_only=False).
+cpp = torch.load("build/ddp_cpp.pt", weights_only=False)
+py = torch.load("build/ddp_py.pt")
+assert len(cpp) == len(py) == 4, (len(cpp), len(py))
+for a, b in zip(cpp, py):
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)  # float32: the same ops, both fronts
+print("C++ and Python fronts: identical parameters within 1e-6 after 6 steps x 3 micro-steps")
+PYEOF
+fi

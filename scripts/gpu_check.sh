@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (run from the repo root on the GPU machine, < 8 minutes, no network):
-# build with CUDA, print build info, run the CUDA, optimizer, profiler and loader tests and the benches, tee
+# build with CUDA, print build info, run the CUDA, optimizer, dist, profiler and loader tests and the benches, tee
 # everything to $TORCHSPEED_RESULTS_DIR/gpu_check.log and end with a pass/fail table. A failed
 # step does not stop the others; the exit status is non-zero if any step failed.
 #   scripts/gpu_check.sh
@@ -107,6 +107,10 @@ if ((${#optim_tests[@]})); then
 else
   skip test_ops_optim "no tests/python/test_ops.py or test_optim*.py"
 fi
+
+# torchspeed.dist on the GPU: the CUDA bucket kernel against the CPU one, and AccumulatingDDP over a
+# one-rank NCCL group (the multi-process Gloo tests run in CI).
+step test_dist_cuda 90 "$PYTHON" -m pytest -q -rs -k "cuda or nccl" tests/python/test_dist.py
 
 # The profiler's CUDA-event timeline against kernels of known duration, no sync inside a step, NVTX.
 step test_profile_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/test_profile_cuda.py

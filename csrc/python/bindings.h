@@ -8,5 +8,6 @@ namespace torchspeed::python {
 void bind_optim(pybind11::module_& m);
 void bind_data(pybind11::module_& m);
 void bind_profile(pybind11::module_& m);
+void bind_dist(pybind11::module_& m);
 
 }  // namespace torchspeed::python

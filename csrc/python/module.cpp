@@ -23,4 +23,7 @@ PYBIND11_MODULE(_C, m) {
 #if defined(TORCHSPEED_AREA_DATA)
   torchspeed::python::bind_data(m);
 #endif
+#if defined(TORCHSPEED_AREA_DIST)
+  torchspeed::python::bind_dist(m);
+#endif
 }

@@ -5,6 +5,7 @@ Example::
     opt = torchspeed.optim.AdamW(model.parameters(), lr=1e-3)  # drop-in for torch.optim.AdamW
     stats = torchspeed.ops.grad_stats(grads)  # norm + non-finite flag, one pass
     loader = torchspeed.data.DataLoader(dataset, batch_size=256, num_workers=8)
+    model = torchspeed.dist.AccumulatingDDP(model, accumulation_steps=8)  # after init_process_group
 """
 
 import os as _os
@@ -16,7 +17,7 @@ from ._native import load_native as _load_native
 _C, build_info = _load_native()
 
 from . import profile  # noqa: I001 (first: data and optim report their phases to it)
-from . import data, ops, optim
+from . import data, dist, ops, optim
 
 __version__ = build_info.get("version", "0.0.0")
 
@@ -31,6 +32,7 @@ def cpu_isa() -> str:
 
 __all__ = [
     "data",
+    "dist",
     "ops",
     "optim",
     "profile",

@@ -54,4 +54,21 @@ def grad_stats(
     return GradStats(*out)
 
 
-__all__ = ["GradStats", "grad_stats"]
+def scale_cast_(out: torch.Tensor, src: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """``out = src * scale``, rounded once into ``out``'s dtype; returns ``out``.
+
+    The gradient reducer's one pass over a bucket (torchspeed.dist): the division by the world
+    size fused with the bf16/fp16 compression cast, and the widening back after the all-reduce.
+    Both tensors contiguous with the same number of elements on one device; dtypes float32,
+    bfloat16 and float16 in any combination, or float64 into float64. ``out`` may be ``src``
+    itself (in place). CPU (SIMD, every ISA) and CUDA (no host synchronisation).
+    """
+    if not hasattr(torch.ops.torchspeed, "scale_cast_"):
+        raise RuntimeError(
+            "torchspeed.scale_cast_: built without the dist area (TORCHSPEED_WITH_DIST=OFF)"
+        )
+    torch.ops.torchspeed.scale_cast_(out, src, float(scale))
+    return out
+
+
+__all__ = ["GradStats", "grad_stats", "scale_cast_"]

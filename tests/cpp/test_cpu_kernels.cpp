@@ -367,3 +367,45 @@ TEST_CASE("resampler passes equal an int64 reference on every ISA, bytes identic
     }
   }
 }
+
+TEST_CASE(
+    "scale_cast (the reducer's bucket pass) rounds once, like the scalar reference, on every ISA") {
+  // Reference: fp32 multiply, then one round-to-nearest-even into the output type.
+  for (const CpuKernelTable* table : runnable_tables()) {
+    for (int64_t n : {0, 1, 7, 8, 15, 16, 17, 31, 33, 1000}) {
+      std::vector<float> src =
+          random_floats(static_cast<size_t>(n), 7 + static_cast<uint32_t>(n), 50.f);
+      if (n > 3) src[1] = INFINITY, src[2] = -0.f, src[3] = 70000.f;  // fp16 overflow -> inf
+      const float scale = 0.5f;
+      std::vector<bf16> b(static_cast<size_t>(n));
+      std::vector<fp16> h(static_cast<size_t>(n));
+      std::vector<float> back(static_cast<size_t>(n));
+      REQUIRE(
+          table->dist.scale_cast(DType::kFloat, src.data(), DType::kBFloat16, b.data(), scale, n));
+      REQUIRE(table->dist.scale_cast(DType::kFloat, src.data(), DType::kHalf, h.data(), scale, n));
+      REQUIRE(
+          table->dist.scale_cast(DType::kBFloat16, b.data(), DType::kFloat, back.data(), 1.0, n));
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t k = static_cast<size_t>(i);
+        INFO(table->name << " n=" << n << " i=" << i);
+        REQUIRE(b[k].bits == to_bf16(src[k] * scale).bits);
+        REQUIRE(h[k].bits == to_fp16(src[k] * scale).bits);
+        REQUIRE(back[k] == to_float(b[k]));  // widening is exact
+      }
+      // In place, and fp64 in double arithmetic.
+      std::vector<float> inplace = src;
+      REQUIRE(table->dist.scale_cast(DType::kFloat, inplace.data(), DType::kFloat, inplace.data(),
+                                     0.25, n));
+      for (size_t k = 0; k < inplace.size(); ++k) REQUIRE(inplace[k] == src[k] * 0.25f);
+      std::vector<double> d(static_cast<size_t>(n), 1.0 / 3.0), dout(static_cast<size_t>(n));
+      REQUIRE(table->dist.scale_cast(DType::kDouble, d.data(), DType::kDouble, dout.data(),
+                                     1.0 / 7.0, n));
+      for (size_t k = 0; k < d.size(); ++k) REQUIRE(dout[k] == (1.0 / 3.0) * (1.0 / 7.0));
+    }
+    // fp64 only pairs with fp64.
+    double x = 1;
+    float y = 0;
+    CHECK_FALSE(table->dist.scale_cast(DType::kDouble, &x, DType::kFloat, &y, 1.0, 1));
+    CHECK_FALSE(table->dist.scale_cast(DType::kFloat, &y, DType::kDouble, &x, 1.0, 1));
+  }
+}

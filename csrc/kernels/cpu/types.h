@@ -57,6 +57,13 @@ using ResampleHorizontalFn = void (*)(const uint8_t* row, int src_w, const int* 
 using ResampleVerticalFn = void (*)(const uint8_t* rows, size_t stride, int first, int count,
                                     const int* k, size_t n, uint8_t* out);
 
+// ---- Dist: the reducer's bucket pass (bucket.h) -------------------------------------------------
+
+/// out = in * scale over `n` contiguous elements, converting fp32/bf16/fp16 into fp32/bf16/fp16 (or
+/// fp64 into fp64); `in` may equal `out`. False for a dtype pair it does not implement.
+using ScaleCastFn = bool (*)(DType in_dtype, const void* in, DType out_dtype, void* out,
+                             double scale, int64_t n);
+
 // ---- The table ----------------------------------------------------------------------------------
 
 /// The optimizer area's kernels (torchspeed.optim, torchspeed.ops.grad_stats).
@@ -75,6 +82,11 @@ struct DataKernels {
   ResampleVerticalFn resample_vertical;
 };
 
+/// The dist area's kernels (torchspeed.dist's reducer, torchspeed.ops.scale_cast_).
+struct DistKernels {
+  ScaleCastFn scale_cast;
+};
+
 /// Every CPU kernel of one ISA, grouped per area. One instance per ISA unit; see dispatch.h for
 /// the choice (TORCHSPEED_CPU_ISA applies to all of them).
 struct CpuKernelTable {
@@ -82,6 +94,7 @@ struct CpuKernelTable {
   const char* name;
   OptimKernels optim;
   DataKernels data;
+  DistKernels dist;
 };
 
 }  // namespace torchspeed::kernels::cpu

@@ -65,4 +65,12 @@ cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count
                        const OptimHyper& hyper, const DeviceScalars& scalars,
                        double* lamb_workspace, cudaStream_t stream);
 
+// ---- dist: the reducer's bucket pass
+// -------------------------------------------------------------
+
+/// out = in * scale over `n` contiguous elements, fp32/bf16/fp16 into fp32/bf16/fp16 (or fp64 into
+/// fp64), rounded once; `in` may equal `out`. cudaErrorInvalidValue for another dtype pair.
+cudaError_t scale_cast(DType in_dtype, const void* in, DType out_dtype, void* out, double scale,
+                       int64_t n, cudaStream_t stream);
+
 }  // namespace torchspeed::kernels::cuda

@@ -1,5 +1,5 @@
 """torchspeed's benchmarks, shipped with the package: each measures torchspeed against the anchor a
-PyTorch user would pick instead (torch fused AdamW, torch._foreach_norm, torch's DataLoader) side
+PyTorch user would pick instead (torch fused AdamW, torch._foreach_norm, torch's DataLoader, torch DDP) side
 by side in one process, prints a table and writes a JSON to :func:`harness.results_dir`
 ($TORCHSPEED_RESULTS_DIR, else ./torchspeed_results).
 
@@ -21,6 +21,7 @@ BENCHMARKS = {
     "loader": ("loader", "JPEG loader vs torch DataLoader + PIL (needs Pillow)"),
     "loader_gpu": ("loader_gpu", "H2D copy hidden behind compute, sync-free next() (CUDA)"),
     "profile": ("profile", "profiler ranges + always-on step overhead vs torch.profiler"),
+    "ddp": ("ddp", "AccumulatingDDP vs torch DDP + no_sync vs no communication (2 Gloo ranks)"),
 }
 # What each benchmark needs beyond torch: pip install torchspeed[bench].
 _EXTRAS = {"loader": ("PIL", "numpy")}

@@ -1,0 +1,565 @@
+// The reducer of torchspeed::dist::AccumulatingDDP (see reducer.h and the public ddp.h).
+//
+// Lifecycle of one accumulation window of k micro-steps:
+//   micro-steps 1..k-1: AccumulateGrad adds into the bucket views in place; the hooks only note
+//     that the param was used; end_backward counts the pass. No collective, no copy.
+//   micro-step k: begin_micro_step arms the reducer (join check and buffer broadcast first); each
+//     hook marks its slot ready, and the bucket whose last slot became ready is launched as soon as
+//     every bucket before it is: scale_cast_ (1/world, and the compression cast) then an async
+//     all-reduce. end_backward launches what is left (params without a gradient in this
+//     micro-step), waits for every bucket, widens compressed buckets back and, with
+//     find_unused_parameters, votes on the params no rank used.
+// Every rank launches the buckets in the same index order, so the collectives match.
+#include "dist/reducer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "torchspeed/ops.h"
+#include "torchspeed/ops/dist.h"
+#include "torchspeed/profile/profile.h"
+
+namespace torchspeed::dist {
+namespace {
+
+constexpr const char* kName = "torchspeed.dist.AccumulatingDDP";
+
+at::ScalarType parse_compression(const std::string& c) {
+  if (c == "none" || c.empty()) return at::kFloat;
+  if (c == "bf16" || c == "bfloat16") return at::kBFloat16;
+  if (c == "fp16" || c == "float16") return at::kHalf;
+  TORCH_CHECK(false, kName, ": compression must be 'none', 'bf16' or 'fp16', got '", c, "'");
+}
+
+void wait_all(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+  for (auto& w : works) w->wait();
+}
+
+}  // namespace
+
+Reducer::Reducer(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers,
+                 c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options)
+    : group_(std::move(group)), options_(std::move(options)), buffers_(std::move(buffers)) {
+  TORCH_CHECK(group_, kName, ": process_group must be a c10d ProcessGroup, got None");
+  TORCH_CHECK(options_.accumulation_steps() >= 1, kName, ": accumulation_steps must be >= 1, got ",
+              options_.accumulation_steps());
+  TORCH_CHECK(options_.bucket_cap_mb() > 0, kName, ": bucket_cap_mb must be > 0, got ",
+              options_.bucket_cap_mb());
+  TORCH_CHECK(options_.first_bucket_cap_mb() > 0, kName, ": first_bucket_cap_mb must be > 0, got ",
+              options_.first_bucket_cap_mb());
+  wire_dtype_ = parse_compression(options_.compression());
+  rank_ = group_->getRank();
+  world_ = group_->getSize();
+  stats_.world_size = world_;
+
+  // Distinct params (a tied weight appears once), each a dense leaf; trainable ones get a slot.
+  std::vector<const c10::TensorImpl*> seen;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    TORCH_CHECK(p.defined(), kName, ": params[", i, "] must be a tensor, got None");
+    if (std::find(seen.begin(), seen.end(), p.unsafeGetTensorImpl()) != seen.end()) continue;
+    seen.push_back(p.unsafeGetTensorImpl());
+    TORCH_CHECK(p.layout() == at::kStrided, kName, ": params[", i,
+                "] must be a dense (strided) tensor, got layout ", p.layout());
+    all_params_.push_back(p);
+    if (!p.requires_grad()) continue;
+    TORCH_CHECK(p.is_leaf(), kName, ": params[", i,
+                "] must be a leaf tensor (a module parameter), got one computed from others");
+    TORCH_CHECK(at::isFloatingType(p.scalar_type()), kName, ": params[", i,
+                "] must be floating point to be trained, got ", p.scalar_type());
+    Slot s;
+    s.param = p;
+    slots_.push_back(std::move(s));
+  }
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    TORCH_CHECK(buffers_[i].defined() && buffers_[i].layout() == at::kStrided, kName, ": buffers[",
+                i, "] must be a dense tensor");
+  }
+  broadcast_all_from_rank0();
+  build_buckets();
+  install_hooks();
+}
+
+Reducer::~Reducer() {
+  for (auto& s : slots_) {
+    if (s.accumulator) s.accumulator->del_post_hook(s.hook_key);
+  }
+  for (auto& b : buckets_) {
+    if (!b.work) continue;
+    try {
+      b.work->wait();
+    } catch (...) {  // a destructor must not throw; the error was or will be seen elsewhere
+    }
+  }
+}
+
+// ---- construction
+// ---------------------------------------------------------------------------------
+
+void Reducer::build_buckets() {
+  // Reverse parameter order: the last layers' gradients are ready first in backward. One open
+  // bucket per (device, dtype); it is closed when adding a param would pass the cap (the first
+  // bucket's cap is smaller, so the first all-reduce starts early). A larger param gets its own.
+  using Key = std::tuple<int, int, int>;  // device type, device index, dtype
+  std::map<Key, size_t> open;
+  std::vector<int64_t> numel_of;  // per bucket
+  const auto cap_bytes = [&](size_t bucket_index) {
+    const double mb = bucket_index == 0 ? options_.first_bucket_cap_mb() : options_.bucket_cap_mb();
+    return static_cast<int64_t>(mb * 1024.0 * 1024.0);
+  };
+  for (size_t j = slots_.size(); j-- > 0;) {
+    Slot& s = slots_[j];
+    const at::Tensor& p = s.param;
+    const Key key{static_cast<int>(p.device().type()), p.device().index(),
+                  static_cast<int>(p.scalar_type())};
+    auto it = open.find(key);
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    if (it != open.end()) {
+      const size_t b = it->second;
+      const int64_t used = numel_of[b] * static_cast<int64_t>(p.element_size());
+      if (used > 0 && used + bytes > cap_bytes(b)) open.erase(it), it = open.end();
+    }
+    if (it == open.end()) {
+      buckets_.emplace_back();
+      numel_of.push_back(0);
+      it = open.emplace(key, buckets_.size() - 1).first;
+    }
+    const size_t b = it->second;
+    s.bucket = static_cast<int64_t>(b);
+    s.offset = numel_of[b];
+    numel_of[b] += p.numel();
+    buckets_[b].slots.push_back(j);
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& k = buckets_[b];
+    const at::Tensor& p0 = slots_[k.slots.front()].param;
+    k.flat = at::zeros({numel_of[b]}, p0.options().requires_grad(false));
+    if (wire_dtype_ != at::kFloat && p0.scalar_type() == at::kFloat) {
+      k.wire = at::empty({numel_of[b]}, k.flat.options().dtype(wire_dtype_));
+    }
+    k.pending = static_cast<int64_t>(k.slots.size());
+    stats_.bucket_bytes += k.flat.nbytes();
+  }
+  stats_.buckets = static_cast<int64_t>(buckets_.size());
+  at::NoGradGuard no_grad;
+  for (Slot& s : slots_) {
+    const at::Tensor& flat = buckets_[s.bucket].flat;
+    const at::Tensor& p = s.param;
+    {
+      // Below the ADInplaceOrView key the views carry no autograd view metadata: to autograd a
+      // grad is then a plain tensor sharing the bucket's memory, so torch::optim's C++
+      // zero_grad (which calls detach_(), refused on views) and Python's both work on it.
+      at::AutoDispatchBelowADInplaceOrView plain_views;
+      if (p.is_non_overlapping_and_dense()) {  // the param's own layout (channels_last included)
+        s.view = flat.as_strided(p.sizes(), p.strides(), s.offset);
+      } else {
+        s.view = flat.narrow(0, s.offset, p.numel()).view(p.sizes());
+      }
+    }
+    // An existing gradient moves into the bucket; an undefined one stays undefined until the
+    // first backward (as in a single process: find_unused_parameters relies on it).
+    if (p.grad().defined()) adopt_grad(s);
+  }
+}
+
+void Reducer::install_hooks() {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
+    TORCH_CHECK(s.accumulator, kName, ": could not get the gradient accumulator of a parameter");
+    s.hook_key =
+        s.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, i](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list& /*inputs*/) {
+              on_grad_ready(i);
+              return outputs;
+            }));
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+void Reducer::adopt_grad(Slot& s) {
+  at::Tensor& g = s.param.mutable_grad();
+  if (g.defined() && g.unsafeGetTensorImpl() == s.view.unsafeGetTensorImpl()) return;
+  if (g.defined())
+    s.view.copy_(g);
+  else
+    s.view.zero_();
+  g = s.view;
+}
+
+void Reducer::on_grad_ready(size_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Slot& s = slots_[index];
+  {
+    at::NoGradGuard no_grad;
+    adopt_grad(s);
+  }
+  s.used = true;
+  if (!backward_active_) {
+    backward_active_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
+  }
+  if (!armed_) return;
+  TORCH_CHECK(!s.ready, kName, ": a parameter of shape ", s.param.sizes(),
+              " received its gradient twice in the synchronising micro-step (a second "
+              "backward() before the next forward?); run one backward per micro-step, or the "
+              "extra ones under no_sync()");
+  s.ready = true;
+  if (--buckets_[s.bucket].pending == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    launch(next_launch_++);
+  }
+}
+
+void Reducer::launch(size_t b) {
+  Bucket& k = buckets_[b];
+  if (t_first_launch_ == 0) t_first_launch_ = profile::now_ns();
+  const double inv_world = 1.0 / static_cast<double>(world_);
+  // One pass: divide by the world size and, when compressing, cast into the wire buffer.
+  at::Tensor& wire = k.wire.defined() ? k.wire : k.flat;
+  torchspeed::scale_cast_(wire, k.flat, inv_world);
+  std::vector<at::Tensor> tensors{wire};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  k.work = group_->allreduce(tensors, opts);
+  k.launched_during_backward = !finishing_;
+  ++stats_.bucket_collectives;
+  ++stats_.last_bucket_collectives;
+  stats_.bytes_reduced += wire.nbytes();
+  stats_.last_bytes_reduced += wire.nbytes();
+}
+
+void Reducer::fill_unready_slot(Slot& s) {
+  // No gradient in this micro-step: the slot holds what earlier micro-steps accumulated (the grad
+  // is the view), a gradient the user assigned (copied in), or nothing (zeroed).
+  at::Tensor& g = s.param.mutable_grad();
+  s.grad_was_undefined = !g.defined();
+  at::NoGradGuard no_grad;
+  if (s.grad_was_undefined) {
+    s.view.zero_();
+    if (!options_.find_unused_parameters()) g = s.view;
+  } else {
+    adopt_grad(s);
+  }
+}
+
+void Reducer::end_backward() {
+  std::lock_guard<std::mutex> lock(mu_);
+  backward_active_ = false;
+  ++stats_.micro_steps;
+  if (!armed_) {
+    ++completed_;
+    return;
+  }
+  try {
+    finish_sync();
+  } catch (...) {
+    // A failed collective (a dead rank, the group's timeout): leave a clean state behind.
+    recover_interrupted_backward();
+    throw;
+  }
+}
+
+void Reducer::finish_sync() {
+  finishing_ = true;
+  const int64_t t_backward_end = profile::now_ns();
+  for (size_t b = next_launch_; b < buckets_.size(); ++b) {
+    for (size_t i : buckets_[b].slots) {
+      if (!slots_[i].ready) fill_unready_slot(slots_[i]);
+    }
+    launch(b);
+  }
+  next_launch_ = buckets_.size();
+  {
+    TORCHSPEED_PHASE("torchspeed.dist.wait", profile::Phase::Comm);
+    for (Bucket& k : buckets_) {
+      k.work->wait();
+      k.work.reset();
+      if (k.wire.defined()) torchspeed::scale_cast_(k.flat, k.wire, 1.0);
+    }
+    if (options_.find_unused_parameters()) vote_unused();
+  }
+  const int64_t t_end = profile::now_ns();
+  stats_.last_comm_ns = t_end - t_first_launch_;
+  stats_.last_exposed_ns = t_end - t_backward_end;
+  stats_.comm_ns += stats_.last_comm_ns;
+  stats_.exposed_ns += stats_.last_exposed_ns;
+  stats_.last_overlap =
+      stats_.last_comm_ns > 0
+          ? std::clamp(1.0 - static_cast<double>(stats_.last_exposed_ns) / stats_.last_comm_ns, 0.0,
+                       1.0)
+          : 0.0;
+  stats_.last_buckets_overlapped = 0;
+  for (const Bucket& k : buckets_) stats_.last_buckets_overlapped += k.launched_during_backward;
+  ++stats_.sync_steps;
+  ++optimizer_steps_;
+  reset_window();
+}
+
+void Reducer::vote_unused() {
+  // One int32 per slot, summed over ranks: 0 = no rank used the param in this window. Those whose
+  // grad was undefined before the reducer zeroed the slot go back to undefined, as a single
+  // process would leave them (every rank zeroes its grads the same way).
+  at::Tensor used = at::zeros({static_cast<int64_t>(slots_.size())}, at::kInt);
+  int32_t* u = used.data_ptr<int32_t>();
+  for (size_t i = 0; i < slots_.size(); ++i) u[i] = slots_[i].used ? 1 : 0;
+  std::vector<at::Tensor> tensors{used.to(control_device())};
+  group_->allreduce(tensors)->wait();
+  ++stats_.control_collectives;
+  const at::Tensor total = tensors[0].cpu();
+  const int32_t* t = total.data_ptr<int32_t>();
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.used || !s.grad_was_undefined) continue;
+    if (t[i] == 0) {
+      s.param.mutable_grad() = at::Tensor();
+    } else {
+      s.param.mutable_grad() = s.view;  // others used it: this rank's share was zero
+    }
+  }
+}
+
+void Reducer::reset_window() {
+  for (Slot& s : slots_) s.ready = false, s.used = false, s.grad_was_undefined = false;
+  for (Bucket& k : buckets_) k.pending = static_cast<int64_t>(k.slots.size());
+  next_launch_ = 0;
+  t_first_launch_ = 0;
+  completed_ = 0;
+  armed_ = false;
+  finishing_ = false;
+}
+
+void Reducer::recover_interrupted_backward() {
+  // A backward raised before its end callback ran: drain what was launched and start over. (If
+  // other ranks did not fail the same way, their collectives fail with the group's timeout.)
+  for (Bucket& k : buckets_) {
+    if (!k.work) continue;
+    try {
+      k.work->wait();
+    } catch (...) {
+    }
+    k.work.reset();
+  }
+  backward_active_ = false;
+  reset_window();
+}
+
+// ---- micro-steps
+// ----------------------------------------------------------------------------------
+
+bool Reducer::begin_micro_step(bool allow_sync) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (backward_active_) recover_interrupted_backward();
+  sync_ = allow_sync && completed_ + 1 >= options_.accumulation_steps();
+  armed_ = sync_;
+  stats_.last_bucket_collectives = 0;
+  if (sync_) {
+    stats_.last_bytes_reduced = 0;
+    if (join_active_) control(true, 0.0);
+    if (options_.broadcast_buffers() && !buffers_.empty()) broadcast_buffers();
+  }
+  return sync_;
+}
+
+bool Reducer::sync_now() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sync_;
+}
+
+int64_t Reducer::micro_step() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_;
+}
+
+void Reducer::zero_grad() {
+  std::lock_guard<std::mutex> lock(mu_);
+  at::NoGradGuard no_grad;
+  for (Bucket& k : buckets_) k.flat.zero_();
+  for (Slot& s : slots_) s.param.mutable_grad() = s.view;
+}
+
+at::Tensor Reducer::clip_grad_norm_(double max_norm) {
+  TORCH_CHECK(max_norm > 0 && std::isfinite(max_norm), kName,
+              ".clip_grad_norm_: max_norm must be positive and finite, got ", max_norm);
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<at::Tensor> flats;
+  for (const Bucket& k : buckets_) flats.push_back(k.flat);
+  if (flats.empty()) return at::zeros({}, at::kFloat);
+  // grad_stats: one read of every bucket in fixed order, so every rank gets the same norm.
+  const at::Tensor total = torchspeed::grad_stats(flats).total_norm;
+  const at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+  at::NoGradGuard no_grad;
+  for (at::Tensor& f : flats) f.mul_(coef.to(f.scalar_type()));
+  return total;
+}
+
+// ---- control collectives ------------------------------------------------------------------------
+
+at::Device Reducer::control_device() const {
+  if (!buckets_.empty()) return buckets_.front().flat.device();
+  if (!all_params_.empty()) return all_params_.front().device();
+  return at::kCPU;
+}
+
+double Reducer::control(bool present, double payload) {
+  // [presence of each rank..., payload]: a rank that has joined contributes zeros.
+  at::Tensor v = at::zeros({world_ + 1}, at::kDouble);
+  double* p = v.data_ptr<double>();
+  if (present) p[rank_] = 1.0, p[world_] = payload;
+  std::vector<at::Tensor> tensors{v.to(control_device())};
+  group_->allreduce(tensors)->wait();
+  ++stats_.control_collectives;
+  const at::Tensor sum = tensors[0].cpu();
+  const double* s = sum.data_ptr<double>();
+  if (join_active_ && present) {
+    std::vector<int64_t> missing;
+    for (int64_t r = 0; r < world_; ++r) {
+      if (s[r] == 0.0) missing.push_back(r);
+    }
+    if (!missing.empty()) {
+      join_active_ = false;
+      std::ostringstream msg;
+      msg << kName << ": rank" << (missing.size() > 1 ? "s " : " ");
+      for (size_t i = 0; i < missing.size(); ++i) msg << (i ? ", " : "") << missing[i];
+      msg << " ran out of data before optimizer step " << optimizer_steps_ + 1 << " (rank " << rank_
+          << " of " << world_ << " still had data); every rank still training stops here. "
+          << "Give every rank the same number of batches (drop_last, a DistributedSampler) to "
+             "train to the end.";
+      throw RanksOutOfData(msg.str(), std::move(missing));
+    }
+  }
+  return s[world_];
+}
+
+void Reducer::join_begin() {
+  std::lock_guard<std::mutex> lock(mu_);
+  join_active_ = true;
+}
+
+void Reducer::join() {
+  std::lock_guard<std::mutex> lock(mu_);
+  TORCH_CHECK(join_active_, kName, ".join: call join_begin() before the training loop");
+  // One control all-reduce as an absent rank: matched by the others' next check, which either
+  // finds every rank absent (all done together) or finds this one missing (they stop).
+  control(false, 0.0);
+  join_active_ = false;
+}
+
+double Reducer::all_reduce_count(double value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TORCH_CHECK(std::isfinite(value), kName, ".all_reduce_count: value must be finite, got ", value);
+  return control(true, value);
+}
+
+void Reducer::broadcast_tensors(const std::vector<at::Tensor>& tensors) {
+  // One broadcast per (device, dtype) group: flattened, broadcast, copied back.
+  std::map<std::tuple<int, int, int>, std::vector<at::Tensor>> groups;
+  for (const at::Tensor& t : tensors) {
+    if (t.numel() == 0) continue;
+    groups[{static_cast<int>(t.device().type()), t.device().index(),
+            static_cast<int>(t.scalar_type())}]
+        .push_back(t);
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [key, list] : groups) {
+    std::vector<at::Tensor> flat_list{at::flatten_dense_tensors(list)};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = 0;
+    group_->broadcast(flat_list, opts)->wait();
+    ++stats_.control_collectives;
+    if (rank_ == 0) continue;
+    const auto parts = at::unflatten_dense_tensors(flat_list[0], list);
+    for (size_t i = 0; i < list.size(); ++i) list[i].copy_(parts[i]);
+  }
+}
+
+void Reducer::broadcast_buffers() { broadcast_tensors(buffers_); }
+
+void Reducer::broadcast_from_rank0() {
+  std::lock_guard<std::mutex> lock(mu_);
+  broadcast_all_from_rank0();
+}
+
+void Reducer::broadcast_all_from_rank0() {
+  std::vector<at::Tensor> all = all_params_;
+  all.insert(all.end(), buffers_.begin(), buffers_.end());
+  broadcast_tensors(all);
+}
+
+// ---- introspection ------------------------------------------------------------------------------
+
+DDPStats Reducer::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+std::vector<at::Tensor> Reducer::buckets() const {
+  std::vector<at::Tensor> out;
+  for (const Bucket& k : buckets_) out.push_back(k.flat);
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> Reducer::param_slots() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const Slot& s : slots_) out.emplace_back(s.bucket, s.offset);
+  return out;
+}
+
+// ---- the public class
+// -----------------------------------------------------------------------------
+
+namespace {
+std::vector<at::Tensor> module_buffers(const torch::nn::Module& m) { return m.buffers(true); }
+}  // namespace
+
+AccumulatingDDP::AccumulatingDDP(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers,
+                                 c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options)
+    : reducer_(std::make_unique<Reducer>(std::move(params), std::move(buffers), std::move(group),
+                                         std::move(options))) {}
+
+AccumulatingDDP::AccumulatingDDP(const torch::nn::Module& module,
+                                 c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options)
+    : AccumulatingDDP(module.parameters(true), module_buffers(module), std::move(group),
+                      std::move(options)) {}
+
+AccumulatingDDP::~AccumulatingDDP() = default;
+
+bool AccumulatingDDP::begin_micro_step(bool allow_sync) {
+  return reducer_->begin_micro_step(allow_sync);
+}
+bool AccumulatingDDP::sync_now() const { return reducer_->sync_now(); }
+int64_t AccumulatingDDP::micro_step() const { return reducer_->micro_step(); }
+void AccumulatingDDP::zero_grad() { reducer_->zero_grad(); }
+at::Tensor AccumulatingDDP::clip_grad_norm_(double max_norm) {
+  return reducer_->clip_grad_norm_(max_norm);
+}
+void AccumulatingDDP::join_begin() { reducer_->join_begin(); }
+void AccumulatingDDP::join() { reducer_->join(); }
+double AccumulatingDDP::all_reduce_count(double value) { return reducer_->all_reduce_count(value); }
+void AccumulatingDDP::broadcast_from_rank0() { reducer_->broadcast_from_rank0(); }
+int64_t AccumulatingDDP::rank() const { return reducer_->rank(); }
+int64_t AccumulatingDDP::world_size() const { return reducer_->world_size(); }
+const DDPOptions& AccumulatingDDP::options() const { return reducer_->options(); }
+DDPStats AccumulatingDDP::stats() const { return reducer_->stats(); }
+std::vector<at::Tensor> AccumulatingDDP::buckets() const { return reducer_->buckets(); }
+std::vector<std::pair<int64_t, int64_t>> AccumulatingDDP::param_slots() const {
+  return reducer_->param_slots();
+}
+const c10::intrusive_ptr<c10d::ProcessGroup>& AccumulatingDDP::process_group() const {
+  return reducer_->group();
+}
+
+}  // namespace torchspeed::dist

@@ -1,0 +1,87 @@
+// pybind11 bindings of the dist area: the C++ AccumulatingDDP (torchspeed._C.dist) that
+// torchspeed.dist.AccumulatingDDP wraps. The process group arrives as torch's own ProcessGroup
+// object: this module is built against torch's pybind11 (the same internals and the
+// c10::intrusive_ptr holder declared by torch/csrc/utils/pybind.h), so the cast is torch's.
+#include <torch/csrc/utils/pybind.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "python/bindings.h"
+#include "torchspeed/dist/ddp.h"
+
+namespace torchspeed::python {
+
+void bind_dist(pybind11::module_& m) {
+  namespace py = pybind11;
+  using torchspeed::dist::AccumulatingDDP;
+  using torchspeed::dist::DDPOptions;
+  using torchspeed::dist::DDPStats;
+  auto d = m.def_submodule("dist", "torchspeed data-parallel internals");
+  // The Python exception type (a RuntimeError) with the missing ranks as `.ranks`; kept for the
+  // process's lifetime (a handle, so no Python object is destroyed at exit).
+  static const py::handle out_of_data =
+      py::exception<torchspeed::dist::RanksOutOfData>(d, "RanksOutOfData", PyExc_RuntimeError)
+          .release();
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const torchspeed::dist::RanksOutOfData& e) {
+      py::object err = py::reinterpret_borrow<py::object>(out_of_data)(e.what());
+      err.attr("ranks") = py::cast(e.ranks());
+      PyErr_SetObject(out_of_data.ptr(), err.ptr());
+    }
+  });
+
+  py::class_<DDPStats>(d, "DDPStats")
+#define TORCHSPEED_DDP_STAT(name) .def_readonly(#name, &DDPStats::name)
+      TORCHSPEED_DDP_STAT(world_size) TORCHSPEED_DDP_STAT(buckets) TORCHSPEED_DDP_STAT(bucket_bytes)
+          TORCHSPEED_DDP_STAT(micro_steps) TORCHSPEED_DDP_STAT(sync_steps)
+              TORCHSPEED_DDP_STAT(bucket_collectives) TORCHSPEED_DDP_STAT(control_collectives)
+                  TORCHSPEED_DDP_STAT(bytes_reduced) TORCHSPEED_DDP_STAT(comm_ns)
+                      TORCHSPEED_DDP_STAT(exposed_ns) TORCHSPEED_DDP_STAT(last_bucket_collectives)
+                          TORCHSPEED_DDP_STAT(last_bytes_reduced) TORCHSPEED_DDP_STAT(last_comm_ns)
+                              TORCHSPEED_DDP_STAT(last_exposed_ns) TORCHSPEED_DDP_STAT(last_overlap)
+                                  TORCHSPEED_DDP_STAT(last_buckets_overlapped);
+#undef TORCHSPEED_DDP_STAT
+
+  // Collectives block: every call that may run one releases the GIL.
+  using release = py::call_guard<py::gil_scoped_release>;
+  py::class_<AccumulatingDDP>(d, "AccumulatingDDP")
+      .def(py::init([](std::vector<at::Tensor> params, std::vector<at::Tensor> buffers,
+                       c10::intrusive_ptr<c10d::ProcessGroup> group, int64_t accumulation_steps,
+                       double bucket_cap_mb, double first_bucket_cap_mb,
+                       const std::string& compression, bool find_unused_parameters,
+                       bool broadcast_buffers) {
+             py::gil_scoped_release no_gil;  // construction broadcasts from rank 0
+             return std::make_unique<AccumulatingDDP>(
+                 std::move(params), std::move(buffers), std::move(group),
+                 DDPOptions()
+                     .accumulation_steps(accumulation_steps)
+                     .bucket_cap_mb(bucket_cap_mb)
+                     .first_bucket_cap_mb(first_bucket_cap_mb)
+                     .compression(compression)
+                     .find_unused_parameters(find_unused_parameters)
+                     .broadcast_buffers(broadcast_buffers));
+           }),
+           py::arg("params"), py::arg("buffers"), py::arg("process_group"),
+           py::arg("accumulation_steps") = 1, py::arg("bucket_cap_mb") = 25.0,
+           py::arg("first_bucket_cap_mb") = 1.0, py::arg("compression") = "none",
+           py::arg("find_unused_parameters") = false, py::arg("broadcast_buffers") = true)
+      .def("begin_micro_step", &AccumulatingDDP::begin_micro_step, py::arg("allow_sync") = true,
+           release())
+      .def_property_readonly("sync_now", &AccumulatingDDP::sync_now)
+      .def_property_readonly("micro_step", &AccumulatingDDP::micro_step)
+      .def("zero_grad", &AccumulatingDDP::zero_grad, release())
+      .def("clip_grad_norm_", &AccumulatingDDP::clip_grad_norm_, py::arg("max_norm"), release())
+      .def("join_begin", &AccumulatingDDP::join_begin)
+      .def("join", &AccumulatingDDP::join, release())
+      .def("all_reduce_count", &AccumulatingDDP::all_reduce_count, py::arg("value"), release())
+      .def("broadcast_from_rank0", &AccumulatingDDP::broadcast_from_rank0, release())
+      .def_property_readonly("rank", &AccumulatingDDP::rank)
+      .def_property_readonly("world_size", &AccumulatingDDP::world_size)
+      .def("stats", &AccumulatingDDP::stats)
+      .def("buckets", &AccumulatingDDP::buckets)
+      .def("param_slots", &AccumulatingDDP::param_slots);
+}
+
+}  // namespace torchspeed::python

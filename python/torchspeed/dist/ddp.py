@@ -1,0 +1,334 @@
+"""AccumulatingDDP: torch DDP's role, with gradient accumulation as the normal shape of the loop.
+
+The reducer is C++ (``torchspeed._C.dist.AccumulatingDDP``, include/torchspeed/dist/ddp.h): flat
+gradient buckets from construction (each ``param.grad`` is a view into its bucket), hooks on the
+params' AccumulateGrad nodes, in-order asynchronous all-reduces on torch's own c10d process group,
+and the last wait before ``backward()`` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import _C
+
+_COMPRESSION = {
+    None: "none",
+    "none": "none",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    torch.bfloat16: "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    torch.float16: "fp16",
+}
+_PREFIX = "module."
+
+
+def _native():
+    native = getattr(_C, "dist", None)
+    if native is None:
+        raise ImportError("torchspeed was built without the dist area (TORCHSPEED_WITH_DIST=OFF)")
+    return native
+
+
+if getattr(_C, "dist", None) is not None:
+    RanksOutOfData = _C.dist.RanksOutOfData
+else:  # built without the area: the name still exists for except clauses
+
+    class RanksOutOfData(RuntimeError):
+        pass
+
+
+RanksOutOfData.__doc__ = (
+    "Raised on the ranks still training when another rank left its loop inside join(); "
+    "`.ranks` lists the ranks that ran out."
+)
+
+
+class AccumulatingDDP(nn.Module):
+    """Data parallelism with gradient accumulation over a torch.distributed process group.
+
+    Wraps ``module`` like ``torch.nn.parallel.DistributedDataParallel``: params and buffers are
+    broadcast from rank 0 here, ``.module`` is the wrapped module, and calling the wrapper runs
+    ``module``. Every ``accumulation_steps``-th backward all-reduces the gradients (averaged over
+    ranks); the others only accumulate, with zero communication::
+
+        model = AccumulatingDDP(model, accumulation_steps=8)   # after init_process_group
+        for x, y in loader:
+            loss = loss_fn(model(x), y) / model.accumulation_steps
+            loss.backward()
+            if model.sync_now:            # the 8th micro-step: grads are reduced
+                opt.step()
+                opt.zero_grad()
+
+    Code written for torch's DDP runs unchanged: with the default ``accumulation_steps=1`` every
+    backward reduces, and forwards under ``no_sync()`` do not (they still count toward the window).
+
+    Args:
+        module: the model, on its device (CPU for Gloo, the rank's GPU for NCCL).
+        accumulation_steps: micro-steps per optimizer step (>= 1).
+        process_group: a c10d process group; None is the default group.
+        bucket_cap_mb: gradient bucket size in MiB (torch's default, 25); the first bucket is
+            ``first_bucket_cap_mb`` (1) so its all-reduce starts early in backward.
+        compression: None, "bf16" or "fp16" (or the torch dtypes): float32 buckets travel in that
+            dtype, half the bytes; the 1/world division and the cast are one fused pass.
+        find_unused_parameters: agree across ranks which params got no gradient in the whole
+            window and leave their ``.grad`` None, as single-process training would (one extra
+            small all-reduce per optimizer step). Params unused in *some* micro-steps are always
+            handled correctly. Off: a param no rank used gets a zero gradient.
+        broadcast_buffers: broadcast buffers from rank 0 at every synchronising forward.
+        device_ids, output_device, gradient_as_bucket_view, static_graph: accepted for drop-in
+            compatibility with torch's DDP. Gradients are always bucket views; static_graph is
+            not needed (readiness is tracked per window); device_ids must name the module's device.
+
+    ``state_dict()`` has the wrapped module's plain keys (no ``module.`` prefix), so a checkpoint
+    loads into the bare model; ``load_state_dict`` accepts both plain keys and torch DDP's
+    ``module.``-prefixed ones.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        accumulation_steps: int = 1,
+        process_group: Any = None,
+        bucket_cap_mb: float | None = 25.0,
+        compression: str | torch.dtype | None = None,
+        find_unused_parameters: bool = False,
+        broadcast_buffers: bool = True,
+        first_bucket_cap_mb: float = 1.0,
+        device_ids: list | None = None,
+        output_device: Any = None,
+        gradient_as_bucket_view: bool = True,
+        static_graph: bool = False,
+    ) -> None:
+        super().__init__()
+        name = "torchspeed.dist.AccumulatingDDP"
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"{name}: module must be a torch.nn.Module, got {type(module).__name__}")
+        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int):
+            raise TypeError(
+                f"{name}: accumulation_steps must be an int >= 1, got {accumulation_steps!r}"
+            )
+        if accumulation_steps < 1:
+            raise ValueError(f"{name}: accumulation_steps must be >= 1, got {accumulation_steps}")
+        key = compression if not isinstance(compression, str) else compression.lower()
+        if key not in _COMPRESSION:
+            raise ValueError(
+                f"{name}: compression must be None, 'bf16' or 'fp16', got {compression!r}"
+            )
+        if process_group is None:
+            if not dist.is_available() or not dist.is_initialized():
+                raise RuntimeError(
+                    f"{name}: no process group: call torch.distributed.init_process_group() first "
+                    "(torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), or pass "
+                    "process_group="
+                )
+            process_group = dist.distributed_c10d._get_default_group()
+        process_group = _as_process_group(process_group, name)
+        params = list(module.parameters())
+        if device_ids is not None:
+            devices = {p.device for p in params}
+            wanted = {torch.device(d) if not isinstance(d, int) else torch.device("cuda", d)
+                      for d in device_ids}
+            if not devices <= wanted:
+                raise ValueError(
+                    f"{name}: device_ids {device_ids} do not hold the module's params (on "
+                    f"{sorted(map(str, devices))}); move the module to its device first"
+                )
+        del output_device, gradient_as_bucket_view, static_graph  # accepted, see the docstring
+        self.module = module
+        self.process_group = process_group
+        self.accumulation_steps = accumulation_steps
+        self.compression = _COMPRESSION[key]
+        self._no_sync_depth = 0
+        self._in_micro_batch = False
+        self._impl = _native().AccumulatingDDP(
+            params,
+            list(module.buffers()),
+            process_group,
+            accumulation_steps=accumulation_steps,
+            bucket_cap_mb=25.0 if bucket_cap_mb is None else float(bucket_cap_mb),
+            first_bucket_cap_mb=float(first_bucket_cap_mb),
+            compression=self.compression,
+            find_unused_parameters=bool(find_unused_parameters),
+            broadcast_buffers=bool(broadcast_buffers),
+        )
+        self.register_state_dict_post_hook(_strip_module_prefix)
+        self.register_load_state_dict_pre_hook(_add_module_prefix)
+
+    # ---- the training loop ---------------------------------------------------------------------
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled() and not self._in_micro_batch:
+            self._impl.begin_micro_step(self._no_sync_depth == 0)
+        return self.module(*args, **kwargs)
+
+    @property
+    def sync_now(self) -> bool:
+        """Whether the current micro-step (the last forward) all-reduces: True from the forward
+        of the window's last micro-step until the next forward, so ``if model.sync_now:
+        opt.step()`` after ``backward()`` steps at the boundary."""
+        return self._impl.sync_now
+
+    @property
+    def micro_step(self) -> int:
+        """Backward passes since the last reduction (0 .. accumulation_steps - 1)."""
+        return self._impl.micro_step
+
+    @property
+    def rank(self) -> int:
+        return self._impl.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._impl.world_size
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """torch DDP's no_sync(): forwards (and their backwards) inside do not all-reduce."""
+        self._no_sync_depth += 1
+        try:
+            yield
+        finally:
+            self._no_sync_depth -= 1
+
+    @contextlib.contextmanager
+    def micro_batch(self, sync: bool | None = None) -> Iterator[bool]:
+        """One micro-step, explicitly: the forwards inside count once (for models called several
+        times per step). Yields whether its backward reduces; ``sync=False`` forbids it, like
+        no_sync(). Use one backward per micro-step."""
+        allow = self._no_sync_depth == 0 and sync is not False
+        reduces = self._impl.begin_micro_step(allow)
+        self._in_micro_batch = True
+        try:
+            yield reduces
+        finally:
+            self._in_micro_batch = False
+
+    @contextlib.contextmanager
+    def join(self, throw_on_early_termination: bool = False) -> Iterator[None]:
+        """Uneven inputs: put the training loop inside ``with model.join():``.
+
+        Each optimizer step then starts with one tiny all-reduce that says which ranks are still
+        training. When a rank runs out of data and leaves the loop, every other rank stops at the
+        same optimizer step instead of waiting for it forever: with
+        ``throw_on_early_termination=True`` they raise :class:`RanksOutOfData` naming the ranks
+        that ran out; by default the block ends quietly on every rank (a warning names them).
+        """
+        self._impl.join_begin()
+        try:
+            yield
+        except RanksOutOfData as e:
+            if throw_on_early_termination:
+                raise
+            warnings.warn(str(e), RuntimeWarning, stacklevel=3)
+            return
+        self._impl.join()
+
+    def global_mean_factor(self, count: float) -> float:
+        """Loss normalisation for variable-length batches.
+
+        ``count`` is this rank's number of tokens (or samples) in the whole accumulation window.
+        Returns ``world_size / (count summed over every rank)``: multiply each micro-step's
+        *summed* loss by it, and the reduced gradient is the large-batch mean over every token of
+        the window on every rank (DDP's average over ranks included). One small all-reduce.
+        """
+        total = self._impl.all_reduce_count(float(count))
+        if total <= 0:
+            raise ValueError(
+                f"torchspeed.dist.AccumulatingDDP.global_mean_factor: the count summed over the "
+                f"ranks must be > 0, got {total}"
+            )
+        return self.world_size / total
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clips the reduced gradients to a global L2 norm of ``max_norm`` (after
+        ``scaler.unscale_(opt)`` when using a GradScaler): one read of each bucket, the same norm
+        on every rank. Returns the total norm before clipping, like
+        ``torch.nn.utils.clip_grad_norm_``."""
+        return self._impl.clip_grad_norm_(float(max_norm))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """``set_to_none=False`` zeroes the buckets in place (one memset each), so the next backward
+        accumulates straight into them; the default, like torch, sets grads to None (the reducer
+        then copies each new gradient into its bucket once per window)."""
+        if set_to_none:
+            super().zero_grad(set_to_none=True)
+        else:
+            self._impl.zero_grad()
+
+    def broadcast_from_rank0(self) -> None:
+        """Re-broadcasts params and buffers from rank 0 (construction does it once)."""
+        self._impl.broadcast_from_rank0()
+
+    def stats(self) -> dict:
+        """What the reducer did: buckets, collectives (gradient and control), bytes reduced, and
+        the communication time, the part of it exposed after backward and the overlap fraction
+        of the last optimizer step (nanoseconds on torchspeed's profiler clock)."""
+        s = self._impl.stats()
+        return {k: getattr(s, k) for k in dir(s) if not k.startswith("_")}
+
+    def buckets(self) -> list[torch.Tensor]:
+        """The flat gradient buckets, in reduction order (each param's grad is a view into one)."""
+        return self._impl.buckets()
+
+    def extra_repr(self) -> str:
+        return (
+            f"accumulation_steps={self.accumulation_steps}, world_size={self.world_size}, "
+            f"buckets={self._impl.stats().buckets}, compression={self.compression!r}"
+        )
+
+
+def _as_process_group(group, name):
+    """A ProcessGroup as given, or one wrapping a bare backend (dist.ProcessGroupGloo(store, r, n)
+    is a Backend, not a ProcessGroup): the same wrapping torch's init_process_group does."""
+    if isinstance(group, dist.ProcessGroup):
+        return group
+    from torch._C._distributed_c10d import Backend as C10dBackend
+
+    if isinstance(group, C10dBackend):
+        pg = dist.ProcessGroup(dist.HashStore(), group.rank(), group.size())
+        kind = {"gloo": dist.ProcessGroup.BackendType.GLOO,
+                "nccl": dist.ProcessGroup.BackendType.NCCL}.get(group.name().lower())
+        if kind is None:
+            raise TypeError(f"{name}: process_group backend {group.name()!r} is not gloo or nccl")
+        pg._set_default_backend(kind)
+        device = torch.device("cuda" if kind == dist.ProcessGroup.BackendType.NCCL else "cpu")
+        pg._register_backend(device, kind, group)
+        return pg
+    raise TypeError(
+        f"{name}: process_group must be a torch.distributed ProcessGroup (dist.new_group(), "
+        f"the default group) or a Backend, got {type(group).__name__}"
+    )
+
+
+def _strip_module_prefix(module, state_dict, prefix, local_metadata):
+    # The wrapped module's keys (and their version metadata) without the "module." level.
+    old = prefix + _PREFIX
+    for key in list(state_dict.keys()):
+        if key.startswith(old):
+            state_dict[prefix + key[len(old) :]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:
+        for key in list(metadata.keys()):
+            if key == old[:-1]:
+                metadata[prefix[:-1]] = metadata.pop(key)
+            elif key.startswith(old):
+                metadata[prefix + key[len(old) :]] = metadata.pop(key)
+
+
+def _add_module_prefix(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errs):
+    # Keys arrive plain (ours, or the bare model's) or with torch DDP's "module." prefix; the
+    # wrapped module sits under "module." here.
+    for key in list(state_dict.keys()):
+        if not key.startswith(prefix) or key.startswith(prefix + _PREFIX):
+            continue
+        state_dict[prefix + _PREFIX + key[len(prefix) :]] = state_dict.pop(key)

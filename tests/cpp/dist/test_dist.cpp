@@ -1,0 +1,188 @@
+// The C++ front of torchspeed::dist: AccumulatingDDP over Gloo groups made by new_gloo_group, with
+// the ranks as threads of this process around one c10d::HashStore, against a single-process float64
+// reference; the collectives counted by Gloo itself; bad options and a bad torchrun environment.
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <vector>
+
+#include "catch_shim.h"
+#include "torchspeed/dist/ddp.h"
+#include "torchspeed/ops/dist.h"
+
+namespace tsd = torchspeed::dist;
+
+namespace {
+
+torch::nn::Sequential make_net() {
+  torch::nn::Sequential net(torch::nn::Linear(6, 24), torch::nn::Tanh(), torch::nn::Linear(24, 3));
+  net->to(torch::kFloat64);
+  torch::NoGradGuard no_grad;
+  int i = 0;
+  for (auto& p : net->parameters()) {
+    auto idx = torch::arange(p.numel(), torch::kFloat64);
+    p.copy_((0.4 * torch::sin(idx * 0.3 + ++i)).reshape(p.sizes()));
+  }
+  return net;
+}
+
+std::pair<torch::Tensor, torch::Tensor> batch(int step, int rank, int micro) {
+  auto i = torch::arange(5 * 6, torch::kFloat64).reshape({5, 6});
+  const double t = step + 0.5 * rank + 0.25 * micro;
+  auto x = torch::cos(0.29 * i + t);
+  return {x, torch::sin(x.slice(1, 0, 3) - x.slice(1, 3, 6))};
+}
+
+constexpr int kWorld = 2, kMicro = 3, kSteps = 2;
+
+struct RankResult {
+  std::vector<torch::Tensor> params;
+  std::vector<int64_t> collectives_per_micro;  // Gloo's own sequence numbers
+  int64_t buckets = 0;
+  std::string error;
+};
+
+RankResult run_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, int perturb) {
+  RankResult out;
+  try {
+    auto group = tsd::new_gloo_group(store, rank, kWorld, std::chrono::seconds(60));
+    auto net = make_net();
+    if (perturb) {  // construction must broadcast rank 0's params
+      torch::NoGradGuard no_grad;
+      for (auto& p : net->parameters()) p.add_(1.0);
+    }
+    tsd::AccumulatingDDP ddp(
+        *net, group,
+        tsd::DDPOptions().accumulation_steps(kMicro).bucket_cap_mb(0.0015).first_bucket_cap_mb(
+            0.0005));
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int step = 0; step < kSteps; ++step) {
+      for (int j = 0; j < kMicro; ++j) {
+        const auto before = group->getSequenceNumberForGroup();
+        ddp.begin_micro_step();
+        auto [x, y] = batch(step, rank, j);
+        (torch::mse_loss(net->forward(x), y) / kMicro).backward();
+        out.collectives_per_micro.push_back(
+            static_cast<int64_t>(group->getSequenceNumberForGroup() - before));
+      }
+      if (!ddp.sync_now()) throw std::runtime_error("sync_now false at the window's end");
+      opt.step();
+      opt.zero_grad();  // torch::optim's C++ zero_grad: detach_() + reset on the bucket views
+    }
+    for (auto& p : net->parameters()) out.params.push_back(p.detach().clone());
+    out.buckets = ddp.stats().buckets;
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> reference() {
+  auto net = make_net();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < kSteps; ++step) {
+    for (int r = 0; r < kWorld; ++r) {
+      for (int j = 0; j < kMicro; ++j) {
+        auto [x, y] = batch(step, r, j);
+        (torch::mse_loss(net->forward(x), y) / (kMicro * kWorld)).backward();
+      }
+    }
+    opt.step();
+    opt.zero_grad();
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "AccumulatingDDP (C++, 2 Gloo ranks as threads) equals single-process large-batch training") {
+  setenv("GLOO_SOCKET_IFNAME", "lo", 0);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  RankResult results[kWorld];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] { results[r] = run_rank(r, store, r); });
+  }
+  for (auto& t : threads) t.join();
+  const auto ref = reference();
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << results[r].error);
+    REQUIRE(results[r].error.empty());
+    REQUIRE(results[r].buckets >= 2);
+    REQUIRE(results[r].params.size() == ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double err = (results[r].params[i] - ref[i]).abs().max().item<double>();
+      const double mag = ref[i].abs().max().item<double>();
+      CHECK(err <= 1e-12 * mag);
+    }
+    // Zero collectives while accumulating, one per bucket on the synchronising micro-step.
+    for (size_t m = 0; m < results[r].collectives_per_micro.size(); ++m) {
+      const bool sync = m % kMicro == kMicro - 1;
+      CHECK(results[r].collectives_per_micro[m] == (sync ? results[r].buckets : 0));
+    }
+  }
+}
+
+TEST_CASE("AccumulatingDDP rejects bad options with the option's name") {
+  setenv("GLOO_SOCKET_IFNAME", "lo", 0);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = tsd::new_gloo_group(store, 0, 1);
+  auto net = make_net();
+  auto build = [&](tsd::DDPOptions o) { tsd::AccumulatingDDP ddp(*net, group, o); };
+  auto message = [&](tsd::DDPOptions o) {
+    try {
+      build(o);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(message(tsd::DDPOptions().accumulation_steps(0)),
+             Catch::Matchers::Contains("accumulation_steps must be >= 1, got 0"));
+  CHECK_THAT(message(tsd::DDPOptions().compression("int8")),
+             Catch::Matchers::Contains("compression must be 'none', 'bf16' or 'fp16', got 'int8'"));
+  CHECK_THAT(message(tsd::DDPOptions().bucket_cap_mb(-1)),
+             Catch::Matchers::Contains("bucket_cap_mb must be > 0"));
+  CHECK_THROWS_AS(tsd::AccumulatingDDP(*net, nullptr), c10::Error);
+  CHECK_THROWS_AS(tsd::new_gloo_group(store, 2, 2), c10::Error);
+}
+
+TEST_CASE("torchrun_env names the missing or malformed variable") {
+  auto message = [] {
+    try {
+      tsd::torchrun_env();
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  unsetenv("WORLD_SIZE");
+  CHECK_THAT(message(), Catch::Matchers::Contains("WORLD_SIZE is not set"));
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("RANK", "2", 1);
+  CHECK_THAT(message(), Catch::Matchers::Contains("RANK must be an integer in [0, 1], got '2'"));
+  setenv("RANK", "1", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "http", 1);
+  CHECK_THAT(message(), Catch::Matchers::Contains("MASTER_PORT must be an integer"));
+  setenv("MASTER_PORT", "29500", 1);
+  const tsd::TorchrunEnv env = tsd::torchrun_env();
+  CHECK(env.rank == 1);
+  CHECK(env.world_size == 2);
+  CHECK(env.master_port == 29500);
+  for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
+}
+
+TEST_CASE("scale_cast_ through the dispatcher: fp32 -> bf16 with the 1/world scale") {
+  auto src = torch::linspace(-3, 3, 101);
+  auto out = torch::empty({101}, torch::kBFloat16);
+  torchspeed::scale_cast_(out, src, 0.5);
+  CHECK(torch::equal(out, (src * 0.5).to(torch::kBFloat16)));
+  CHECK_THROWS_AS(torchspeed::scale_cast_(torch::empty({3}), src), c10::Error);
+}

@@ -1,0 +1,208 @@
+"""Helpers of the torchspeed.dist tests: a bounded multi-process launcher (Gloo on 127.0.0.1, every
+process in its own session, killed with its group on timeout or failure: no orphans) and the model,
+data and single-process references that dist_worker.py and test_dist.py share."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "dist_worker.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(
+    world: int, scenario: str, out_dir: Path, timeout: float = 180.0, env=None
+) -> list[dict]:
+    """Runs dist_worker.py `scenario` on `world` ranks; returns one record per rank: returncode,
+    elapsed seconds, stdout+stderr, and the JSON/pt results the rank wrote (if any)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = []
+    t0 = time.monotonic()
+    base = dict(os.environ)
+    base.update(env or {})
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
+    base.setdefault("OMP_NUM_THREADS", "1")
+    base["PYTHONPATH"] = os.pathsep.join([str(HERE)] + sys.path)
+    try:
+        for rank in range(world):
+            e = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+            log = open(out_dir / f"rank{rank}.log", "w")
+            procs.append(
+                (
+                    subprocess.Popen(
+                        [sys.executable, str(WORKER), scenario, str(out_dir)],
+                        env=e,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    ),
+                    log,
+                )
+            )
+        records = []
+        for rank, (p, _log) in enumerate(procs):
+            left = max(1.0, timeout - (time.monotonic() - t0))
+            try:
+                rc = p.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                rc = None
+            records.append({"rank": rank, "returncode": rc, "elapsed": time.monotonic() - t0})
+        return _collect(records, out_dir)
+    finally:
+        for p, log in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+            log.close()
+
+
+def _collect(records, out_dir: Path):
+    for r in records:
+        r["log"] = (out_dir / f"rank{r['rank']}.log").read_text(errors="replace")
+        res = out_dir / f"rank{r['rank']}.json"
+        r["json"] = json.loads(res.read_text()) if res.exists() else None
+        pt = out_dir / f"rank{r['rank']}.pt"
+        r["pt"] = torch.load(pt, weights_only=False) if pt.exists() else None
+    return records
+
+
+def assert_all_ok(records):
+    for r in records:
+        assert r["returncode"] == 0, (
+            f"rank {r['rank']} exited with {r['returncode']}:\n{r['log'][-4000:]}"
+        )
+
+
+# ---- the shared model, data and references --------------------------------------------------------
+
+
+class Net(nn.Module):
+    """A small MLP with a side branch that only some micro-steps use (pytorch#69031's case)."""
+
+    def __init__(self, dtype=torch.float64):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l1 = nn.Linear(8, 32)
+        self.l2 = nn.Linear(32, 32)
+        self.l3 = nn.Linear(32, 4)
+        self.side = nn.Linear(8, 4)
+        self.to(dtype)
+
+    def forward(self, x, use_side=False):
+        h = torch.tanh(self.l1(x))
+        h = torch.tanh(self.l2(h))
+        out = self.l3(h)
+        if use_side:
+            out = out + self.side(x)
+        return out
+
+
+def window_data(step, world, k, mb, dtype):
+    """The global batch of one optimizer step: x [world, k, mb, 8], y [world, k, mb, 4]."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(world, k, mb, 8, generator=g, dtype=torch.float64).to(dtype)
+    y = torch.randn(world, k, mb, 4, generator=g, dtype=torch.float64).to(dtype)
+    return x, y
+
+
+def side_used(case, step, rank, micro, k):
+    """Which micro-steps use the side branch: 'unused' uses it on rank 0's first micro-step only
+    (never on the synchronising one), and on no rank in step 1 (unused everywhere in a window);
+    'plain' always uses it."""
+    if case != "unused":
+        return True  # "plain": every param gets a gradient in every micro-step
+    return step != 1 and rank == 0 and micro == 0
+
+
+def make_optimizer(name, params):
+    import torchspeed
+
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    if name == "ts_adamw":
+        return torchspeed.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    raise ValueError(name)
+
+
+def reference(case, world, k, steps, mb, dtype, opt_name, clip=None, scaler=False):
+    """Single-process training over the same samples: each optimizer step accumulates the loss of
+    every (rank, micro-step) chunk divided by world * k, which is the large-batch mean loss."""
+    model = Net(dtype)
+    opt = make_optimizer(opt_name, model.parameters())
+    sc = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
+    for step in range(steps):
+        x, y = window_data(step, world, k, mb, dtype)
+        for r in range(world):
+            for j in range(k):
+                out = model(x[r, j], use_side=side_used(case, step, r, j, k))
+                loss = nn.functional.mse_loss(out, y[r, j]) / (world * k)
+                (sc.scale(loss) if sc else loss).backward()
+        if sc:
+            sc.unscale_(opt)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        if sc:
+            sc.step(opt)
+            sc.update()
+        else:
+            opt.step()
+        opt.zero_grad()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def large_batch_reference(world, k, steps, mb, dtype, opt_name):
+    """Plain large-batch training: one forward over all world * k * mb samples per step."""
+    model = Net(dtype)
+    opt = make_optimizer(opt_name, model.parameters())
+    for step in range(steps):
+        x, y = window_data(step, world, k, mb, dtype)
+        loss = nn.functional.mse_loss(model(x.reshape(-1, 8), use_side=True), y.reshape(-1, 4))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def token_data(step, world, k, mb):
+    """Variable-length batches: per (rank, micro-step) a different number of valid samples."""
+    x, y = window_data(step, world, k, mb, torch.float64)
+    g = torch.Generator().manual_seed(5000 + step)
+    valid = torch.randint(1, mb + 1, (world, k), generator=g)
+    return x, y, valid
+
+
+def token_reference(world, k, steps, mb):
+    """The mean over every valid sample of the window on every rank, in one process."""
+    model = Net(torch.float64)
+    opt = make_optimizer("sgd", model.parameters())
+    for step in range(steps):
+        x, y, valid = token_data(step, world, k, mb)
+        xs = torch.cat([x[r, j, : valid[r, j]] for r in range(world) for j in range(k)])
+        ys = torch.cat([y[r, j, : valid[r, j]] for r in range(world) for j in range(k)])
+        per_sample = ((model(xs, use_side=True) - ys) ** 2).mean(dim=1)
+        per_sample.mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -1,0 +1,329 @@
+"""One rank of a torchspeed.dist test (launched by dist_helpers.launch with RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT): trains with AccumulatingDDP on Gloo and writes what the test checks to
+<out>/rank<r>.pt (tensors) and <out>/rank<r>.json (facts).
+
+    python dist_worker.py <scenario> <out_dir>
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from dist_helpers import Net, make_optimizer, side_used, token_data, window_data
+from torch import nn
+
+import torchspeed
+from torchspeed.dist import AccumulatingDDP, RanksOutOfData
+
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+CAPS = dict(bucket_cap_mb=0.004, first_bucket_cap_mb=0.001)  # several buckets for a 1.5K-param net
+
+
+def seq(pg) -> int:
+    """Collectives issued on the group so far (Gloo's own counter, independent of our stats)."""
+    return pg._get_sequence_number_for_group()
+
+
+def wrapped_net(dtype, **kw):
+    net = Net(dtype)
+    with torch.no_grad():  # ranks start different: construction must broadcast rank 0's params
+        for p in net.parameters():
+            p.add_(0.25 * RANK)
+    return AccumulatingDDP(net, **{**CAPS, **kw})
+
+
+def train(
+    case,
+    dtype,
+    opt_name,
+    k,
+    steps,
+    mb=4,
+    style="counter",
+    compression=None,
+    find_unused=False,
+    clip=None,
+    scaler=False,
+):
+    pg = dist.distributed_c10d._get_default_group()
+    model = wrapped_net(
+        dtype,
+        accumulation_steps=1 if style == "no_sync" else k,
+        compression=compression,
+        find_unused_parameters=find_unused,
+    )
+    opt = make_optimizer(opt_name, model.parameters())
+    sc = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
+    micro = []
+    for step in range(steps):
+        x, y = window_data(step, WORLD, k, mb, dtype)
+        for j in range(k):
+            s0 = seq(pg)
+            last = j == k - 1
+            ctx = model.no_sync() if style == "no_sync" and not last else contextlib.nullcontext()
+            with ctx:
+                scope = model.micro_batch() if style == "micro_batch" else contextlib.nullcontext()
+                with scope:
+                    out = model(x[RANK, j], use_side=side_used(case, step, RANK, j, k))
+                    loss = nn.functional.mse_loss(out, y[RANK, j]) / k
+                    (sc.scale(loss) if sc else loss).backward()
+            st = model.stats()
+            micro.append(
+                {
+                    "step": step,
+                    "micro": j,
+                    "sync_now": model.sync_now,
+                    "collectives": seq(pg) - s0,
+                    "bucket_collectives": st["last_bucket_collectives"],
+                    "bytes": st["last_bytes_reduced"],
+                    "overlap": st["last_overlap"],
+                }
+            )
+        assert model.sync_now, "the window's last micro-step must report sync_now"
+        if sc:
+            sc.unscale_(opt)
+        if clip:
+            model.clip_grad_norm_(clip)
+        if sc:
+            sc.step(opt)
+            sc.update()
+        else:
+            opt.step()
+        opt.zero_grad()
+    st = model.stats()
+    return model, {
+        "params": {n: p.detach().clone() for n, p in model.module.named_parameters()},
+        "micro": micro,
+        "stats": st,
+        "grads_none_after_unused_window": None,
+    }
+
+
+def token_case(k, steps, mb=4):
+    pg = dist.distributed_c10d._get_default_group()
+    model = wrapped_net(torch.float64, accumulation_steps=k)
+    opt = make_optimizer("sgd", model.parameters())
+    controls = []
+    for step in range(steps):
+        x, y, valid = token_data(step, WORLD, k, mb)
+        s0 = seq(pg)
+        factor = model.global_mean_factor(int(valid[RANK].sum()))
+        controls.append(seq(pg) - s0)
+        for j in range(k):
+            v = int(valid[RANK, j])
+            per_sample = ((model(x[RANK, j, :v], use_side=True) - y[RANK, j, :v]) ** 2).mean(dim=1)
+            (per_sample.sum() * factor).backward()
+        opt.step()
+        opt.zero_grad()
+    return {
+        "params": {n: p.detach().clone() for n, p in model.module.named_parameters()},
+        "controls": controls,
+    }
+
+
+def unused_grads_case(k=2):
+    """find_unused_parameters: after a window where no rank used `side`, its grad is None."""
+    model = wrapped_net(torch.float64, accumulation_steps=k, find_unused_parameters=True)
+    x, y = window_data(0, WORLD, k, 4, torch.float64)
+    for j in range(k):
+        nn.functional.mse_loss(model(x[RANK, j]), y[RANK, j]).backward()
+    none = {n: p.grad is None for n, p in model.module.named_parameters()}
+    # And without find_unused_parameters: a defined zero gradient.
+    plain = wrapped_net(torch.float64, accumulation_steps=k)
+    for p in plain.parameters():
+        p.grad = None
+    for j in range(k):
+        nn.functional.mse_loss(plain(x[RANK, j]), y[RANK, j]).backward()
+    zero = plain.module.side.weight.grad
+    return {"none": none, "plain_side_grad_is_zero": bool(zero is not None and (zero == 0).all())}
+
+
+def state_dict_case():
+    model = wrapped_net(torch.float64, accumulation_steps=2)
+    sd = model.state_dict()
+    bare = Net(torch.float64)
+    bare.load_state_dict(sd)  # plain keys load into the bare model
+    torch_style = {"module." + key: v.clone() + 1 for key, v in sd.items()}
+    model.load_state_dict(torch_style)  # and torch DDP's prefixed keys load into the wrapper
+    ok_prefixed = all(
+        torch.equal(p, torch_style["module." + n]) for n, p in model.module.named_parameters()
+    )
+    model.load_state_dict(sd)
+    ok_plain = all(torch.equal(p, sd[n]) for n, p in model.module.named_parameters())
+    return {
+        "keys": sorted(sd.keys()),
+        "ok_prefixed": ok_prefixed,
+        "ok_plain": ok_plain,
+        "repr": repr(model).splitlines()[0],
+    }
+
+
+def join_case(mode, steps=4, k=2):
+    pg = dist.distributed_c10d._get_default_group()
+    model = wrapped_net(torch.float64, accumulation_steps=k)
+    opt = make_optimizer("sgd", model.parameters())
+    my_steps = steps if (mode == "even" or RANK == 0) else steps - 2
+    done, err, sync_collectives = 0, None, []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with model.join(throw_on_early_termination=(mode == "throw")):
+                for step in range(my_steps):
+                    x, y = window_data(step, WORLD, k, 4, torch.float64)
+                    for j in range(k):
+                        s0 = seq(pg)
+                        nn.functional.mse_loss(model(x[RANK, j]), y[RANK, j]).backward()
+                        if j == k - 1:
+                            sync_collectives.append(seq(pg) - s0)
+                    opt.step()
+                    opt.zero_grad()
+                    done += 1
+        except RanksOutOfData as e:
+            err = {
+                "message": str(e),
+                "ranks": list(e.ranks),
+                "is_runtime_error": isinstance(e, RuntimeError),
+            }
+    return {
+        "done": done,
+        "error": err,
+        "warnings": [str(w.message) for w in caught],
+        "sync_collectives": sync_collectives,
+        "buckets": model.stats()["buckets"],
+    }
+
+
+def kill_case(steps=6, k=2):
+    model = wrapped_net(torch.float64, accumulation_steps=k)
+    opt = make_optimizer("sgd", model.parameters())
+    for step in range(steps):
+        x, y = window_data(step, WORLD, k, 4, torch.float64)
+        for j in range(k):
+            if RANK == 1 and step == 2 and j == 0:
+                Path(OUT / "killed_at").write_text(str(time.time()))
+                os.kill(os.getpid(), 9)
+            nn.functional.mse_loss(model(x[RANK, j]), y[RANK, j]).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def main(scenario: str):
+    timeout = datetime.timedelta(seconds=float(os.environ.get("TS_PG_TIMEOUT", "60")))
+    dist.init_process_group("gloo", rank=RANK, world_size=WORLD, timeout=timeout)
+    results, facts = {}, {"torchspeed": torchspeed.__version__}
+    if scenario in ("main", "main4"):
+        cases = {
+            "f64_sgd": dict(case="plain", dtype=torch.float64, opt_name="sgd", k=3, steps=3),
+            "f32_ts_adamw": dict(
+                case="plain", dtype=torch.float32, opt_name="ts_adamw", k=2, steps=3
+            ),
+        }
+        if scenario == "main":
+            cases.update(
+                {
+                    "f64_no_sync": dict(
+                        case="plain",
+                        dtype=torch.float64,
+                        opt_name="sgd",
+                        k=3,
+                        steps=3,
+                        style="no_sync",
+                    ),
+                    "f64_micro_batch": dict(
+                        case="plain",
+                        dtype=torch.float64,
+                        opt_name="sgd",
+                        k=3,
+                        steps=3,
+                        style="micro_batch",
+                    ),
+                    "f32_bf16": dict(
+                        case="plain",
+                        dtype=torch.float32,
+                        opt_name="sgd",
+                        k=2,
+                        steps=3,
+                        compression="bf16",
+                    ),
+                    "f32_fp16": dict(
+                        case="plain",
+                        dtype=torch.float32,
+                        opt_name="sgd",
+                        k=2,
+                        steps=3,
+                        compression="fp16",
+                    ),
+                    "f32_none": dict(
+                        case="plain", dtype=torch.float32, opt_name="sgd", k=2, steps=3
+                    ),
+                    "unused_sgd": dict(
+                        case="unused",
+                        dtype=torch.float64,
+                        opt_name="sgd",
+                        k=3,
+                        steps=3,
+                        find_unused=True,
+                    ),
+                    "unused_adamw": dict(
+                        case="unused",
+                        dtype=torch.float64,
+                        opt_name="adamw",
+                        k=3,
+                        steps=3,
+                        find_unused=True,
+                    ),
+                    # One window: the side branch used on rank 0's first micro-step only.
+                    "unused_no_find": dict(
+                        case="unused", dtype=torch.float64, opt_name="sgd", k=3, steps=1
+                    ),
+                    "f32_scaler_clip": dict(
+                        case="plain",
+                        dtype=torch.float32,
+                        opt_name="sgd",
+                        k=2,
+                        steps=3,
+                        clip=0.05,
+                        scaler=True,
+                    ),
+                }
+            )
+        for name, kw in cases.items():
+            _, results[name] = train(**kw)
+        if scenario == "main":
+            results["tokens"] = token_case(k=3, steps=3)
+            facts["unused_grads"] = unused_grads_case()
+            facts["state_dict"] = state_dict_case()
+    elif scenario.startswith("join_"):
+        facts["join"] = join_case(scenario.split("_", 1)[1])
+    elif scenario == "kill":
+        t0 = time.time()
+        try:
+            kill_case()
+        except Exception as e:  # the expected failure: write it down, then fail the process
+            facts["error"] = f"{type(e).__name__}: {e}"
+            facts["elapsed_after_kill"] = time.time() - float((OUT / "killed_at").read_text())
+            facts["elapsed"] = time.time() - t0
+            (OUT / f"rank{RANK}.json").write_text(json.dumps(facts))
+            sys.stdout.flush()
+            os._exit(3)
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    torch.save(results, OUT / f"rank{RANK}.pt")
+    (OUT / f"rank{RANK}.json").write_text(json.dumps(facts, default=str))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    OUT = Path(sys.argv[2])
+    main(sys.argv[1])

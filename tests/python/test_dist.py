@@ -1,0 +1,486 @@
+"""torchspeed.dist: the bucket op scale_cast_ (every ISA, against a torch reference, opcheck, bad
+input) and AccumulatingDDP on 2 and 4 Gloo processes on 127.0.0.1 against single-process training
+(dist_worker.py runs the ranks; each launch is bounded in time and leaves no process behind)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import cuda_skip_reason
+from dist_helpers import (
+    HERE,
+    Net,
+    assert_all_ok,
+    free_port,
+    large_batch_reference,
+    launch,
+    reference,
+    token_reference,
+    window_data,
+)
+from torch import nn
+
+import torchspeed
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(torchspeed._C, "dist"), reason="torchspeed built without the dist area"
+)
+
+F64 = dict(rtol=1e-12, atol=1e-14)  # the issue's float64 bound: 1e-12 relative
+F32 = dict(rtol=1e-5, atol=1e-6)  # float32: 1e-5 relative (atol for values near zero)
+
+# ---- scale_cast_ ----------------------------------------------------------------------------------
+
+PAIRS = [
+    (torch.float32, torch.float32),
+    (torch.float32, torch.bfloat16),
+    (torch.float32, torch.float16),
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.bfloat16),
+    (torch.float64, torch.float64),
+]
+
+
+def scale_cast_reference(src, scale, out_dtype):
+    """fp32 arithmetic (fp64 for fp64), one rounding into the output dtype, as torch rounds."""
+    if src.dtype == torch.float64:
+        return src * scale
+    return (src.float() * torch.tensor(scale, dtype=torch.float32)).to(out_dtype)
+
+
+@pytest.mark.parametrize("src_dtype,out_dtype", PAIRS, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 17, 33, 1000, 70000])
+def test_scale_cast_matches_torch_bit_for_bit(device, src_dtype, out_dtype, n):
+    g = torch.Generator().manual_seed(n)
+    src = (torch.randn(n, generator=g, dtype=torch.float64) * 100).to(src_dtype).to(device)
+    out = torch.empty(n, dtype=out_dtype, device=device)
+    scale = 1.0 / 3.0
+    torchspeed.ops.scale_cast_(out, src, scale)
+    torch.testing.assert_close(out, scale_cast_reference(src, scale, out_dtype), rtol=0, atol=0)
+
+
+def test_scale_cast_extremes_round_like_torch(device):
+    src = torch.tensor(
+        [0.0, -0.0, 1e-45, -3.4e38, 3.4e38, 65504.0, 65520.0, 1e-8, float("inf"), -float("inf")]
+        + [1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 1.0 + 2.0**-11],
+        device=device,
+    )
+    for dtype in (torch.bfloat16, torch.float16):
+        out = torch.empty(len(src), dtype=dtype, device=device)
+        torchspeed.ops.scale_cast_(out, src, 1.0)
+        torch.testing.assert_close(out, src.to(dtype), rtol=0, atol=0, equal_nan=True)
+    nan = torch.full((9,), float("nan"), device=device)
+    out = torch.empty(9, dtype=torch.bfloat16, device=device)
+    torchspeed.ops.scale_cast_(out, nan, 0.5)
+    assert out.float().isnan().all()
+
+
+def test_scale_cast_in_place(device):
+    x = torch.arange(100, dtype=torch.float32, device=device)
+    torchspeed.ops.scale_cast_(x, x, 0.5)
+    torch.testing.assert_close(x, torch.arange(100, dtype=torch.float32, device=device) * 0.5)
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: (torch.empty(4), torch.empty(5)), "out must have as many elements as src"),
+        (
+            lambda: (torch.empty(4, dtype=torch.float32), torch.empty(4, dtype=torch.float64)),
+            "float64 -> float64",
+        ),
+        (lambda: (torch.empty(4, dtype=torch.int32), torch.empty(4)), "out must be float32"),
+        (lambda: (torch.empty(4, 2).t(), torch.empty(8)), "out must be contiguous"),
+        (lambda: (torch.empty(8), torch.empty(4, 2).t()), "src must be contiguous"),
+        (lambda: (torch.empty(1).expand(4), torch.empty(4)), "out must be contiguous|overlap"),
+    ],
+)
+def test_scale_cast_rejects_bad_input_before_writing(make, match):
+    out, src = make()
+    before = out.clone() if out.dtype.is_floating_point else None
+    with pytest.raises(RuntimeError, match=match):
+        torchspeed.ops.scale_cast_(out, src, 2.0)
+    if before is not None and out.is_contiguous():
+        assert torch.equal(out, before) or before.isnan().any()
+
+
+def test_scale_cast_rejects_overlap_and_nonfinite_scale():
+    buf = torch.zeros(16)
+    with pytest.raises(RuntimeError, match="must be src itself or not overlap it"):
+        torchspeed.ops.scale_cast_(buf[4:12], buf[0:8], 2.0)
+    with pytest.raises(RuntimeError, match="scale must be finite"):
+        torchspeed.ops.scale_cast_(buf, buf, float("inf"))
+    with pytest.raises(RuntimeError, match="must be a dense"):
+        torchspeed.ops.scale_cast_(torch.zeros(3).to_sparse(), torch.zeros(3), 1.0)
+
+
+@pytest.mark.parametrize("src_dtype,out_dtype", PAIRS, ids=lambda d: str(d).split(".")[-1])
+def test_scale_cast_cuda_kernel_equals_the_cpu_kernel(src_dtype, out_dtype):
+    reason = cuda_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    src = (torch.randn(100_003, dtype=torch.float64) * 30).to(src_dtype)
+    cpu = torch.empty(src.numel(), dtype=out_dtype)
+    gpu = torch.empty(src.numel(), dtype=out_dtype, device="cuda")
+    torchspeed.ops.scale_cast_(cpu, src, 0.125)
+    torchspeed.ops.scale_cast_(gpu, src.cuda(), 0.125)
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=0)
+
+
+def test_scale_cast_opcheck():
+    out = torch.empty(33, dtype=torch.bfloat16)
+    src = torch.randn(33)
+    torch.library.opcheck(torch.ops.torchspeed.scale_cast_.default, (out, src, 0.25))
+
+
+# ---- AccumulatingDDP: construction errors (one process, world size 1) ---------------------------
+
+
+@pytest.fixture
+def single_group(tmp_path):
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    pg = dist.ProcessGroupGloo(store, 0, 1)
+    return pg
+
+
+def test_wrapper_validates_its_arguments(single_group):
+    from torchspeed.dist import AccumulatingDDP
+
+    net = Net()
+    with pytest.raises(ValueError, match="accumulation_steps must be >= 1, got 0"):
+        AccumulatingDDP(net, accumulation_steps=0, process_group=single_group)
+    with pytest.raises(TypeError, match="accumulation_steps must be an int"):
+        AccumulatingDDP(net, accumulation_steps=2.0, process_group=single_group)
+    with pytest.raises(ValueError, match="compression must be None, 'bf16' or 'fp16'"):
+        AccumulatingDDP(net, compression="int8", process_group=single_group)
+    with pytest.raises(RuntimeError, match="bucket_cap_mb must be > 0"):
+        AccumulatingDDP(net, bucket_cap_mb=0, process_group=single_group)
+    with pytest.raises(TypeError, match="must be a torch.nn.Module"):
+        AccumulatingDDP(lambda x: x, process_group=single_group)
+
+
+def test_wrapper_needs_a_process_group():
+    import torch.distributed as dist
+
+    from torchspeed.dist import AccumulatingDDP
+
+    if dist.is_initialized():
+        pytest.skip("a default process group exists in this process")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        AccumulatingDDP(Net())
+
+
+def test_world_size_one_equals_plain_training(single_group):
+    """One rank: the wrapper must not change the math (the average over one rank is the sum)."""
+    from torchspeed.dist import AccumulatingDDP
+
+    k, steps = 3, 2
+    model = AccumulatingDDP(
+        Net(),
+        accumulation_steps=k,
+        process_group=single_group,
+        bucket_cap_mb=0.004,
+        first_bucket_cap_mb=0.001,
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        x, y = window_data(step, 1, k, 4, torch.float64)
+        for j in range(k):
+            nn.functional.mse_loss(model(x[0, j], use_side=True), y[0, j]).div(k).backward()
+        assert model.sync_now and model.micro_step == 0
+        opt.step()
+        opt.zero_grad()
+    ref = reference("plain", 1, k, steps, 4, torch.float64, "sgd")
+    for n, p in model.module.named_parameters():
+        torch.testing.assert_close(p.detach(), ref[n], **F64)
+    # The grads are views into the buckets: accumulation adds in place, no copy.
+    buckets = model.buckets()
+    model.zero_grad(set_to_none=False)
+    for p in model.parameters():
+        assert any(
+            p.grad.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() for b in buckets
+        )
+
+
+def test_nccl_world_size_one_on_the_gpu(tmp_path):
+    """The NCCL path: a one-rank NCCL group on cuda:0, accumulation and compression, against the
+    same training without the wrapper (GPU check script)."""
+    import torch.distributed as dist
+
+    from torchspeed.dist import AccumulatingDDP
+
+    reason = cuda_skip_reason() or (None if dist.is_nccl_available() else "torch without NCCL")
+    if reason:
+        pytest.skip(reason)
+    store = dist.FileStore(str(tmp_path / "nccl_store"), 1)
+    group = dist.ProcessGroupNCCL(store, 0, 1)
+    for compression in (None, "bf16"):
+        net = Net(torch.float32).cuda()
+        ref = Net(torch.float32).cuda()
+        model = AccumulatingDDP(
+            net, accumulation_steps=2, process_group=group, compression=compression
+        )
+        opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (net, ref))
+        x, y = (t.cuda() for t in window_data(0, 1, 2, 8, torch.float32))
+        for m, o in ((model, opt), (ref, ref_opt)):
+            for j in range(2):
+                nn.functional.mse_loss(m(x[0, j], use_side=True), y[0, j]).div(2).backward()
+            o.step()
+        tol = F32 if compression is None else dict(rtol=1e-2, atol=1e-3)
+        for (n, p), q in zip(net.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, **tol, msg=n)
+        assert model.stats()["bucket_collectives"] == model.stats()["buckets"]
+
+
+def test_the_exposed_wait_is_the_comm_phase_of_the_step_profiler(single_group):
+    """The reducer's wait after backward is recorded as the "comm" phase on torchspeed's clock, so
+    StepProfiler's breakdown (and the doctor) sees communication separately from backward."""
+    import torchspeed.profile as tsp
+    from torchspeed.dist import AccumulatingDDP
+
+    model = AccumulatingDDP(Net(), accumulation_steps=2, process_group=single_group)
+    x, y = window_data(0, 1, 2, 64, torch.float64)
+    with tsp.StepProfiler() as prof:
+        for _ in range(6):
+            for j in range(2):
+                with tsp.phase("forward"):
+                    loss = nn.functional.mse_loss(model(x[0, j]), y[0, j])
+                with tsp.phase("backward"):
+                    loss.backward()
+            prof.step()
+    s = prof.summary()
+    assert s.phases["comm"].total_s > 0, s.phases
+    # The phase is the reducer's wait, which its stats time on the same clock as part of the
+    # exposed communication (the summary may leave warm-up steps out, never add time).
+    exposed_s = model.stats()["exposed_ns"] / 1e9
+    assert 0 < s.phases["comm"].total_s <= exposed_s * 1.01 + 1e-5, (s.phases["comm"], exposed_s)
+
+
+# ---- AccumulatingDDP on 2 and 4 processes ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def main2(tmp_path_factory):
+    records = launch(2, "main", tmp_path_factory.mktemp("dist_main2"))
+    assert_all_ok(records)
+    return records
+
+
+@pytest.fixture(scope="module")
+def main4(tmp_path_factory):
+    records = launch(4, "main4", tmp_path_factory.mktemp("dist_main4"))
+    assert_all_ok(records)
+    return records
+
+
+def _params_equal_on_every_rank(records, case, ref, tol):
+    for r in records:
+        got = r["pt"][case]["params"]
+        for n, want in ref.items():
+            where = f"rank {r['rank']} {case} {n}"
+            torch.testing.assert_close(
+                got[n], want, **tol, msg=lambda m, where=where: f"{where}: {m}"
+            )
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_params_equal_single_process_large_batch_float64(world, main2, main4):
+    records = main2 if world == 2 else main4
+    ref = reference("plain", world, 3, 3, 4, torch.float64, "sgd")
+    _params_equal_on_every_rank(records, "f64_sgd", ref, F64)
+    # and the chunked reference is large-batch training itself
+    big = large_batch_reference(world, 3, 3, 4, torch.float64, "sgd")
+    for n in ref:
+        torch.testing.assert_close(ref[n], big[n], **F64)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_params_equal_single_process_float32_with_torchspeed_adamw(world, main2, main4):
+    records = main2 if world == 2 else main4
+    ref = reference("plain", world, 2, 3, 4, torch.float32, "ts_adamw")
+    _params_equal_on_every_rank(records, "f32_ts_adamw", ref, F32)
+
+
+@pytest.mark.parametrize("case", ["f64_no_sync", "f64_micro_batch"])
+def test_torch_style_no_sync_and_the_context_manager_give_the_same_result(main2, case):
+    ref = reference("plain", 2, 3, 3, 4, torch.float64, "sgd")
+    _params_equal_on_every_rank(main2, case, ref, F64)
+
+
+@pytest.mark.parametrize("case", ["f64_sgd", "f64_no_sync", "f32_none", "unused_sgd"])
+def test_zero_collectives_while_accumulating_one_per_bucket_on_sync(main2, case):
+    for r in main2:
+        res = r["pt"][case]
+        buckets = res["stats"]["buckets"]
+        assert buckets >= 3, "the test's small bucket cap must give several buckets"
+        for m in res["micro"]:
+            if not m["sync_now"]:
+                assert m["collectives"] == 0, m  # counted by Gloo itself
+            else:
+                assert m["bucket_collectives"] == buckets, m
+                vote = 1 if case.startswith("unused") else 0  # find_unused_parameters' vote
+                assert m["collectives"] == buckets + vote, m
+
+
+@pytest.mark.parametrize(
+    "case,ratio", [("f32_none", 1.0), ("f32_bf16", 0.5), ("f32_fp16", 0.5), ("f64_sgd", 1.0)]
+)
+def test_bytes_reduced_per_step_equal_gradient_bytes(main2, case, ratio):
+    for r in main2:
+        res = r["pt"][case]
+        grad_bytes = sum(p.numel() * p.element_size() for p in res["params"].values())
+        assert res["stats"]["bucket_bytes"] == grad_bytes
+        for m in res["micro"]:
+            if m["sync_now"]:
+                assert m["bytes"] == int(grad_bytes * ratio)
+        assert res["stats"]["bytes_reduced"] == int(grad_bytes * ratio) * res["stats"]["sync_steps"]
+
+
+@pytest.mark.parametrize("case", ["f32_bf16", "f32_fp16"])
+def test_compression_stays_close_and_really_compresses(main2, case):
+    ref = reference("plain", 2, 2, 3, 4, torch.float32, "sgd")
+    exact = main2[0]["pt"]["f32_none"]["params"]
+    got = main2[0]["pt"][case]["params"]
+    _params_equal_on_every_rank(main2, "f32_none", ref, F32)
+    # bf16 keeps 8 bits of mantissa: after 3 SGD steps the params move by < 1e-2 relative.
+    tol = dict(rtol=2e-2, atol=2e-3) if case == "f32_bf16" else dict(rtol=2e-3, atol=2e-4)
+    differs = False
+    for n in ref:
+        torch.testing.assert_close(got[n], ref[n], **tol)
+        differs |= not torch.equal(got[n], exact[n])
+    assert differs, "compressed and uncompressed training gave identical params: no compression?"
+    assert torch.equal(
+        main2[0]["pt"][case]["params"]["l1.weight"], main2[1]["pt"][case]["params"]["l1.weight"]
+    )
+
+
+@pytest.mark.parametrize("case,opt", [("unused_sgd", "sgd"), ("unused_adamw", "adamw")])
+def test_params_unused_in_some_micro_steps_get_correct_gradients(main2, case, opt):
+    """pytorch#69031: a param used only in a non-synchronising micro-step (and, in step 1, by no
+    rank at all) must be reduced with what it accumulated, and left alone when nobody used it."""
+    ref = reference("unused", 2, 3, 3, 4, torch.float64, opt)
+    _params_equal_on_every_rank(main2, case, ref, F64)
+
+
+def test_unused_param_without_find_unused_still_correct_in_its_window(main2):
+    ref = reference("unused", 2, 3, 1, 4, torch.float64, "sgd")
+    _params_equal_on_every_rank(main2, "unused_no_find", ref, F64)
+
+
+def test_find_unused_leaves_grads_of_params_no_rank_used_none(main2):
+    facts = main2[0]["json"]["unused_grads"]
+    assert facts["none"]["side.weight"] and facts["none"]["side.bias"]
+    assert not any(v for n, v in facts["none"].items() if not n.startswith("side"))
+    assert facts["plain_side_grad_is_zero"]
+
+
+def test_grad_scaler_and_clipping_once_at_the_boundary(main2):
+    ref = reference("plain", 2, 2, 3, 4, torch.float32, "sgd", clip=0.05, scaler=True)
+    _params_equal_on_every_rank(main2, "f32_scaler_clip", ref, F32)
+    unclipped = reference("plain", 2, 2, 3, 4, torch.float32, "sgd", scaler=True)
+    assert not torch.allclose(ref["l1.weight"], unclipped["l1.weight"]), "clipping must bite here"
+
+
+def test_loss_normalisation_over_variable_length_batches(main2):
+    ref = token_reference(2, 3, 3, 4)
+    _params_equal_on_every_rank(main2, "tokens", ref, F64)
+    for r in main2:
+        assert r["pt"]["tokens"]["controls"] == [1, 1, 1]  # one small all-reduce per window
+
+
+def test_state_dict_has_plain_keys_and_loads_both_forms(main2):
+    facts = main2[0]["json"]["state_dict"]
+    assert facts["keys"] == sorted(Net().state_dict().keys())
+    assert facts["ok_prefixed"] and facts["ok_plain"]
+
+
+def test_overlap_is_reported(main2):
+    for r in main2:
+        st = r["pt"]["f64_sgd"]["stats"]
+        assert st["sync_steps"] == 3 and st["micro_steps"] == 9
+        assert st["comm_ns"] > 0 and 0.0 <= st["last_overlap"] <= 1.0
+        assert st["exposed_ns"] <= st["comm_ns"]
+
+
+# ---- uneven inputs, a dead rank --------------------------------------------------------------------
+
+
+def test_uneven_inputs_raise_naming_the_rank_that_ran_out(tmp_path):
+    records = launch(2, "join_throw", tmp_path)
+    assert_all_ok(records)
+    r0, r1 = (r["json"]["join"] for r in records)
+    assert r1["done"] == 2 and r1["error"] is None  # rank 1 ran out after 2 steps, left cleanly
+    assert r0["done"] == 2 and r0["error"] is not None
+    assert r0["error"]["ranks"] == [1] and r0["error"]["is_runtime_error"]
+    assert re.search(r"rank 1 ran out of data before optimizer step 3", r0["error"]["message"])
+
+
+def test_uneven_inputs_end_quietly_by_default(tmp_path):
+    records = launch(2, "join_quiet", tmp_path)
+    assert_all_ok(records)
+    r0, r1 = (r["json"]["join"] for r in records)
+    assert r0["done"] == r1["done"] == 2
+    assert any("rank 1 ran out of data" in w for w in r0["warnings"])
+
+
+def test_even_inputs_inside_join_cost_one_small_collective_per_step(tmp_path):
+    records = launch(2, "join_even", tmp_path)
+    assert_all_ok(records)
+    for r in records:
+        j = r["json"]["join"]
+        assert j["done"] == 4 and j["error"] is None
+        assert j["sync_collectives"] == [j["buckets"] + 1] * 4
+
+
+def test_a_killed_rank_ends_the_others_with_an_error_within_the_timeout(tmp_path):
+    timeout = 20
+    records = launch(2, "kill", tmp_path, timeout=120, env={"TS_PG_TIMEOUT": str(timeout)})
+    r0, r1 = records
+    assert r1["returncode"] == -9, r1["log"][-2000:]
+    assert r0["returncode"] == 3, f"rank 0 did not fail cleanly:\n{r0['log'][-3000:]}"
+    facts = r0["json"]
+    assert facts["elapsed_after_kill"] < timeout + 5, facts
+    assert "Error" in facts["error"], facts
+
+
+# ---- the example under torchrun ---------------------------------------------------------------------
+
+
+def test_torchrun_runs_the_python_example(tmp_path):
+    example = HERE.parents[1] / "examples" / "python" / "ddp_accumulate.py"
+    if not example.exists():
+        pytest.skip("examples/python/ddp_accumulate.py is not in this checkout")
+    torchrun = shutil.which("torchrun")
+    cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        str(example),
+        "--steps",
+        "3",
+        "--accumulation-steps",
+        "2",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "optimizer step 3" in p.stdout, p.stdout
