@@ -38,6 +38,17 @@ int64_t env_int(const char* name, int64_t fallback, bool required, int64_t lo, i
   return x;
 }
 
+/// A ProcessGroup whose only backend is `backend` for `device` (what init_process_group builds).
+[[maybe_unused]] c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    c10d::ProcessGroup::BackendType type, c10::DeviceType device,
+    c10::intrusive_ptr<c10d::Backend> backend) {
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  group->setDefaultBackend(type);
+  group->setBackend(device, type, backend);
+  return group;
+}
+
 }  // namespace
 
 TorchrunEnv torchrun_env() {
@@ -71,11 +82,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> new_gloo_group(c10::intrusive_ptr<c10d::S
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
   const int r = static_cast<int>(rank), n = static_cast<int>(world_size);
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, n, options);
-  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, r, n);
-  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
-  return group;
+  return as_process_group(store, r, n, c10d::ProcessGroup::BackendType::GLOO, c10::DeviceType::CPU,
+                          c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, n, options));
 #else
   TORCH_CHECK(false, kName,
               ".new_gloo_group: this torchspeed was built without Gloo's headers (feature "
@@ -99,11 +107,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> init_process_group_from_env(
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = timeout;
     const int r = static_cast<int>(env.rank), n = static_cast<int>(env.world_size);
-    auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, r, n, options);
-    auto group = c10::make_intrusive<c10d::ProcessGroup>(store, r, n);
-    group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
-    group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
-    return group;
+    return as_process_group(store, r, n, c10d::ProcessGroup::BackendType::NCCL,
+                            c10::DeviceType::CUDA,
+                            c10::make_intrusive<c10d::ProcessGroupNCCL>(store, r, n, options));
 #else
     TORCH_CHECK(false, kName,
                 ".init_process_group_from_env: 'nccl' needs a CUDA build of torch with NCCL "

@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -204,15 +205,21 @@ void Reducer::on_grad_ready(size_t index) {
     adopt_grad(s);
   }
   s.used = true;
+  const int task = torch::autograd::get_current_graph_task_id();
   if (!backward_active_) {
     backward_active_ = true;
+    backward_task_ = task;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
   }
+  // A gradient from another graph task while this backward runs: a reentrant backward (e.g.
+  // torch.utils.checkpoint(use_reentrant=True)) would end the reduction too early.
+  TORCH_CHECK(task == backward_task_, kName,
+              ": a gradient arrived from a nested (reentrant) backward pass; "
+              "torch.utils.checkpoint(..., use_reentrant=True) is not supported, use "
+              "use_reentrant=False (torch's recommended form)");
   if (!armed_) return;
   TORCH_CHECK(!s.ready, kName, ": a parameter of shape ", s.param.sizes(),
-              " received its gradient twice in the synchronising micro-step (a second "
-              "backward() before the next forward?); run one backward per micro-step, or the "
-              "extra ones under no_sync()");
+              " was marked ready twice in one synchronising backward pass");
   s.ready = true;
   if (--buckets_[s.bucket].pending == 0) launch_ready_buckets();
 }

@@ -96,6 +96,7 @@ class Reducer {
   bool backward_active_ = false;  // a backward is running (its end callback is queued)
   bool finishing_ = false;        // inside end_backward of the synchronising micro-step
   bool join_active_ = false;
+  int backward_task_ = -1;  // the graph task of the running backward
   int64_t completed_ = 0;   // backward passes since the last reduction
   size_t next_launch_ = 0;  // the next bucket to launch, in index order
   int64_t t_first_launch_ = 0;

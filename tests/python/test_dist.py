@@ -169,6 +169,67 @@ def test_wrapper_validates_its_arguments(single_group):
         AccumulatingDDP(lambda x: x, process_group=single_group)
 
 
+def test_methods_validate_their_arguments(single_group):
+    from torchspeed.dist import AccumulatingDDP
+
+    with pytest.raises(TypeError, match="process_group must be a torch.distributed ProcessGroup"):
+        AccumulatingDDP(Net(), process_group="gloo")
+    model = AccumulatingDDP(Net(), process_group=single_group)
+    with pytest.raises(RuntimeError, match="max_norm must be positive and finite, got 0"):
+        model.clip_grad_norm_(0.0)
+    with pytest.raises(RuntimeError, match="value must be finite"):
+        model.global_mean_factor(float("nan"))
+    with pytest.raises(ValueError, match="count summed over the ranks must be > 0, got 0"):
+        model.global_mean_factor(0)
+    assert model.global_mean_factor(4) == pytest.approx(0.25)
+    with pytest.raises(RuntimeError, match="call join_begin"):
+        model._impl.join()
+
+
+def test_a_backward_without_a_forward_counts_as_the_next_micro_step(single_group):
+    """A micro-step is one backward: a second backward of the synchronising micro-step's graph
+    (retain_graph) does not reduce again, it accumulates as the first micro-step of the next
+    window, and sync_now then follows the shorter remaining window."""
+    from torchspeed.dist import AccumulatingDDP
+
+    model = AccumulatingDDP(Net(), accumulation_steps=2, process_group=single_group)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    model(x, use_side=True).sum().backward()
+    out = model(x, use_side=True).sum()
+    assert model.sync_now
+    out.backward(retain_graph=True)
+    reduced = model.stats()["bucket_collectives"]
+    assert reduced == model.stats()["buckets"]
+    out.backward()  # no new forward
+    assert model.stats()["bucket_collectives"] == reduced and model.micro_step == 1
+    model(x, use_side=True).sum().backward()
+    assert model.sync_now and model.stats()["sync_steps"] == 2
+
+
+def test_reentrant_checkpoint_is_refused_with_the_fix(single_group):
+    """torch.utils.checkpoint(use_reentrant=True) runs a nested backward that would end the
+    reduction early: a clear error names the supported form; use_reentrant=False works."""
+    import torch.utils.checkpoint as cp
+
+    from torchspeed.dist import AccumulatingDDP
+
+    class Checkpointed(nn.Module):
+        def __init__(self, reentrant):
+            super().__init__()
+            self.inner, self.outer, self.reentrant = nn.Linear(8, 8), nn.Linear(8, 2), reentrant
+
+        def forward(self, x):
+            return self.outer(cp.checkpoint(self.inner, x, use_reentrant=self.reentrant))
+
+    x = torch.randn(4, 8, requires_grad=True)
+    model = AccumulatingDDP(Checkpointed(False), process_group=single_group)
+    model(x).sum().backward()
+    assert model.stats()["sync_steps"] == 1
+    model = AccumulatingDDP(Checkpointed(True), process_group=single_group)
+    with pytest.raises(RuntimeError, match="use_reentrant=False"):
+        model(x).sum().backward()
+
+
 def test_wrapper_needs_a_process_group():
     import torch.distributed as dist
 

@@ -155,8 +155,21 @@ def test_comm_bound_names_comm_first_with_accumulation():
     f = advise(s, RunFacts(ddp=True))[0]
     assert f.rule == "comm" and f.severity == "critical"
     assert f.title == "communication is 40% of the step (24.0 ms of 60.0 ms)"
-    assert f"AccumulatingDDP(model, k={advice.ACCUM_K})" in f.fix
+    assert f"AccumulatingDDP(model, accumulation_steps={advice.ACCUM_K})" in f.fix
     assert f.est_step_s == pytest.approx(0.060 - 0.024 * (1 - 1 / advice.ACCUM_K), rel=REL)
+
+
+def test_comm_advice_reads_k_off_a_real_accumulating_ddp(tmp_path):
+    """The rule reads accumulation_steps off torchspeed.dist.AccumulatingDDP itself."""
+    import torch.distributed as dist
+
+    from torchspeed.dist import AccumulatingDDP
+
+    group = dist.ProcessGroupGloo(dist.FileStore(str(tmp_path / "store"), 1), 0, 1)
+    model = AccumulatingDDP(torch.nn.Linear(4, 4), accumulation_steps=3, process_group=group)
+    s = make_summary(0.060, {"comm": 0.024, "forward": 0.010, "backward": 0.020}, world_size=8)
+    f = advise(s, RunFacts(ddp=True, models=[model]))[0]
+    assert f.rule == "comm" and "accumulation_steps=6" in f.fix and "(now 3)" in f.fix
 
 
 def test_thresholds_warning_critical_and_the_2ms_floor():

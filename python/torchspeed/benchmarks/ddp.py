@@ -144,6 +144,18 @@ def _worker(args) -> None:
             results[name]["step"].append(total)
             results[name]["sync"].append(micro[-1])
             results[name]["plain"].append(statistics.median(micro[:-1]) if k > 1 else micro[0])
+    # The communication's own limit here: the gradients' bytes all-reduced with nothing else
+    # running (fp32 and bf16), one tensor per call, median of 5.
+    alone = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        flat = torch.ones(n_params, dtype=dtype)
+        times = []
+        for _ in range(6):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(flat)
+            times.append(time.perf_counter() - t0)
+        alone[str(dtype).split(".")[-1]] = statistics.median(times[1:])
     stats = {}
     for name, (_, wrapper) in variants.items():
         if isinstance(wrapper, AccumulatingDDP):
@@ -154,6 +166,7 @@ def _worker(args) -> None:
                 {
                     "results": results,
                     "stats": stats,
+                    "allreduce_alone_s": alone,
                     "n_params": n_params,
                     "width": width,
                     "k": k,
@@ -298,6 +311,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"{1e3 * row['plain_micro_s']:>14.1f} {row['bytes_per_step'] / 2**20:>8.1f} "
             f"{'-' if ov is None else f'{100 * ov:.0f}%':>7}"
         )
+    alone = data["allreduce_alone_s"]
+    lines.append(
+        f"the all-reduce alone (nothing else running): fp32 {grad_bytes / 2**20:.1f} MiB in "
+        f"{1e3 * alone['float32']:.1f} ms ({grad_bytes / alone['float32'] / 1e9:.2f} GB/s of "
+        f"gradients), bf16 in {1e3 * alone['bfloat16']:.1f} ms; a synchronising micro-step's extra "
+        "time over a plain one is the part of it that did not hide behind backward"
+    )
     verdicts = []
     for pol in (_NONE, _ZERO):
         ours = next(r for r in rows if r["label"] == f"(c) torchspeed AccumulatingDDP{pol}")
@@ -319,6 +339,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "machine": machine,
                 "config": {k: data[k] for k in ("n_params", "width", "k", "batch", "world")},
                 "rows": rows,
+                "allreduce_alone_s": data["allreduce_alone_s"],
                 "verdict": verdict,
             },
             f,

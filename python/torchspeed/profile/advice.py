@@ -227,7 +227,7 @@ def _accumulation_k(facts: Any) -> Optional[int]:
     """k of a torchspeed AccumulatingDDP among the models, when it exposes one."""
     for m in _list(facts, "models"):
         if type(m).__name__ == "AccumulatingDDP":
-            k = int(_num(getattr(m, "k", 0)))
+            k = int(_num(getattr(m, "accumulation_steps", 0)))
             if k >= 1:
                 return k
     return None
@@ -463,10 +463,14 @@ def _comm(summary: Any, facts: Any) -> List[Finding]:
     k_new = 2 * k_now if k_now else ACCUM_K
     ratio = (k_now or 1) / k_new  # comm per step goes from 1/k_now to 1/k_new of a sync per step
     if k_now:
-        fix = f"a larger k: torchspeed.dist.AccumulatingDDP(model, k={k_new}) (now k={k_now})"
+        fix = (
+            f"a larger k: torchspeed.dist.AccumulatingDDP(model, accumulation_steps={k_new}) "
+            f"(now {k_now})"
+        )
     else:
         fix = (
-            f"all-reduce every k micro-steps: torchspeed.dist.AccumulatingDDP(model, k={k_new}) "
+            "all-reduce every k micro-steps: "
+            f"torchspeed.dist.AccumulatingDDP(model, accumulation_steps={k_new}) "
             "(or a larger batch per rank)"
         )
     world = int(_num(getattr(summary, "world_size", 1), 1))
