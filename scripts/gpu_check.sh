@@ -112,6 +112,9 @@ fi
 # one-rank NCCL group (the multi-process Gloo tests run in CI).
 step test_dist_cuda 90 "$PYTHON" -m pytest -q -rs -k "cuda or nccl" tests/python/test_dist.py
 
+# A CUDA graph that captured opt.step() + sched.step() follows the LR schedule on replay.
+step test_train_utils_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_train_utils.py
+
 # The profiler's CUDA-event timeline against kernels of known duration, no sync inside a step, NVTX.
 step test_profile_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/test_profile_cuda.py
 

@@ -21,7 +21,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-if ! "$PY" -c "import torch, pytest, ruff, numpy, PIL, hypothesis, matplotlib, tensorboard, tqdm" >/dev/null 2>&1 || \
+if ! "$PY" -c "import torch, pytest, ruff, numpy, PIL, hypothesis, matplotlib, tensorboard, tqdm, lightning" >/dev/null 2>&1 || \
    [ "$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "2.13.0" ]; then
   echo "install_deps: pip install -r requirements-dev.txt"
   "$PY" -m pip install -q -r requirements-dev.txt 2>&1 | grep -v "Running pip as the 'root' user" || true

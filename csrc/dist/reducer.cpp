@@ -39,10 +39,6 @@ at::ScalarType parse_compression(const std::string& c) {
   TORCH_CHECK(false, kName, ": compression must be 'none', 'bf16' or 'fp16', got '", c, "'");
 }
 
-void wait_all(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
-  for (auto& w : works) w->wait();
-}
-
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers,

@@ -8,5 +8,6 @@
 #include "torchspeed/optim/adam.h"
 #include "torchspeed/optim/hyperparams.h"
 #include "torchspeed/optim/lion.h"
+#include "torchspeed/optim/lr_scheduler.h"
 #include "torchspeed/optim/sgd.h"
 #include "torchspeed/torchspeed.h"

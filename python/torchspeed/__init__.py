@@ -17,7 +17,7 @@ from ._native import load_native as _load_native
 _C, build_info = _load_native()
 
 from . import profile  # noqa: I001 (first: data and optim report their phases to it)
-from . import data, dist, ops, optim
+from . import checkpoint, data, dist, ops, optim, tune
 
 __version__ = build_info.get("version", "0.0.0")
 
@@ -31,11 +31,13 @@ def cpu_isa() -> str:
 
 
 __all__ = [
+    "checkpoint",
     "data",
     "dist",
     "ops",
     "optim",
     "profile",
+    "tune",
     "cpu_isa",
     "cmake_prefix_path",
     "build_info",

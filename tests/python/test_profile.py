@@ -510,6 +510,9 @@ def test_doctor_names_the_injected_bottleneck_first(bottleneck, rule):
             opt.zero_grad()
     s = prof.summary(gather=False)
     findings = prof.advice(s)
-    assert s.phases[bottleneck].share > 0.5
+    # The injected phase is the largest one. (Not "over half the step": spin() is wall time, so
+    # on a loaded machine the rest of the step stretches while the injected 12 ms do not.)
+    largest = max(s.phases, key=lambda p: s.phases[p].share)
+    assert largest == bottleneck and s.phases[bottleneck].share > 0.25, s.phases
     assert findings and findings[0].rule == rule, [f.rule for f in findings]
     assert findings[0].est_step_s < s.step_median_s

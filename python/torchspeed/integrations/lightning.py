@@ -1,0 +1,73 @@
+"""Lightning integration: TorchspeedCallback runs torchspeed's step profiler during ``fit`` and
+prints the doctor's report at its end. torchspeed's optimizers (returned by
+``configure_optimizers``) and its DataLoader (returned by ``train_dataloader``) need no glue.
+
+    trainer = lightning.Trainer(max_epochs=3, callbacks=[TorchspeedCallback()])
+    trainer.fit(model)
+    print(trainer.callbacks[0].report)   # also printed at the end of fit (rank 0)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+try:  # the unified package, or the standalone one
+    from lightning.pytorch import Callback
+except ImportError:  # pragma: no cover (depends on what is installed)
+    try:
+        from pytorch_lightning import Callback
+    except ImportError as e:
+        raise ImportError(
+            "torchspeed.integrations.lightning needs Lightning: pip install lightning"
+        ) from e
+
+import torchspeed.profile as tsp
+
+
+class TorchspeedCallback(Callback):
+    """Profiles every training step of ``fit`` (phases from torchspeed's parts and, with
+    ``hooks=True``, from torch's hooks for plain torch code) and reports at the end.
+
+    Args:
+        hooks: cover plain torch code (module forwards, backward, optimizer steps) with torch's
+            global hooks, as ``torchspeed doctor`` does.
+        print_report: print the breakdown and the ranked advice when fit ends (rank 0 only).
+        trace_path: also write a Chrome trace there.
+    """
+
+    def __init__(
+        self, hooks: bool = True, print_report: bool = True, trace_path: Optional[str] = None
+    ) -> None:
+        super().__init__()
+        self.hooks, self.print_report, self.trace_path = hooks, print_report, trace_path
+        self.profiler: Optional[tsp.StepProfiler] = None
+        self.report: str = ""
+        self.summary = None
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self.profiler = tsp.StepProfiler(hooks=self.hooks)
+        self.profiler.start()
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.profiler is not None:
+            self.profiler.step()
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        prof, self.profiler = self.profiler, None
+        if prof is None:
+            return
+        prof.stop()
+        if prof.steps == 0:
+            self.report = "torchspeed: no training step was profiled"
+        else:
+            self.summary = prof.summary()
+            self.report = prof.report(self.summary)
+            if self.trace_path:
+                prof.export_chrome_trace(self.trace_path)
+        if self.print_report and getattr(trainer, "is_global_zero", True):
+            print(self.report, flush=True)
+
+
+__all__ = ["TorchspeedCallback"]
