@@ -8,10 +8,11 @@ file(GLOB TORCHSPEED_OPTIM_SOURCES CONFIGURE_DEPENDS
   "${_ts_root}/csrc/optim/*.cpp")
 file(GLOB TORCHSPEED_OPTIM_CUDA_SOURCES CONFIGURE_DEPENDS
   "${_ts_root}/csrc/kernels/cuda/*.cu" "${_ts_root}/csrc/ops/cuda/*.cpp")
-# The dist area's op files share these folders (ops/<key>/dist_*.cpp, kernels/cuda/bucket.cu):
-# cmake/dist.cmake owns them.
-list(FILTER TORCHSPEED_OPTIM_SOURCES EXCLUDE REGEX "/ops/(cpu/|meta/|cuda/)?dist[_.][^/]*$")
-list(FILTER TORCHSPEED_OPTIM_CUDA_SOURCES EXCLUDE REGEX "/(ops/cuda/dist_[^/]*|kernels/cuda/bucket\\.cu)$")
+# The dist and quant areas' op files share these folders (ops/<key>/{dist,quant}_*.cpp,
+# kernels/cuda/{bucket,quant}.cu): cmake/dist.cmake and cmake/quant.cmake own them.
+list(FILTER TORCHSPEED_OPTIM_SOURCES EXCLUDE REGEX "/ops/(cpu/|meta/|cuda/)?(dist|quant)[_.][^/]*$")
+list(FILTER TORCHSPEED_OPTIM_CUDA_SOURCES EXCLUDE REGEX
+     "/(ops/cuda/(dist|quant)_[^/]*|kernels/cuda/(bucket|quant)\\.cu)$")
 set(TORCHSPEED_OPTIM_PYTHON_SOURCES "${_ts_root}/csrc/python/optim_bindings.cpp")
 file(GLOB TORCHSPEED_OPTIM_TEST_SOURCES CONFIGURE_DEPENDS
   "${_ts_root}/tests/cpp/test_ops_*.cpp" "${_ts_root}/tests/cpp/test_optim_*.cpp")

@@ -112,6 +112,10 @@ fi
 # one-rank NCCL group (the multi-process Gloo tests run in CI).
 step test_dist_cuda 90 "$PYTHON" -m pytest -q -rs -k "cuda or nccl" tests/python/test_dist.py
 
+# int8 quantize/dequantize on the GPU (the `device` fixture's cuda variants) and their bench.
+step test_quant_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_quant.py
+step bench_quant 60 "$PYTHON" -m torchspeed.cli bench quant --quick --device cuda
+
 # A CUDA graph that captured opt.step() + sched.step() follows the LR schedule on replay.
 step test_train_utils_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_train_utils.py
 

@@ -17,7 +17,7 @@ from ._native import load_native as _load_native
 _C, build_info = _load_native()
 
 from . import profile  # noqa: I001 (first: data and optim report their phases to it)
-from . import checkpoint, data, dist, ops, optim, tune
+from . import checkpoint, data, dist, ops, optim, quant, tune
 
 __version__ = build_info.get("version", "0.0.0")
 
@@ -37,6 +37,7 @@ __all__ = [
     "ops",
     "optim",
     "profile",
+    "quant",
     "tune",
     "cpu_isa",
     "cmake_prefix_path",

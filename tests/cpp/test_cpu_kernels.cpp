@@ -409,3 +409,37 @@ TEST_CASE(
     CHECK_FALSE(table->dist.scale_cast(DType::kFloat, &y, DType::kDouble, &x, 1.0, 1));
   }
 }
+
+TEST_CASE("int8 quantize/dequantize equal the scalar formula on every ISA, ties to even") {
+  for (const CpuKernelTable* table : runnable_tables()) {
+    for (int64_t n : {0, 1, 7, 8, 15, 16, 17, 33, 1000}) {
+      std::vector<float> x =
+          random_floats(static_cast<size_t>(n), 11 + static_cast<uint32_t>(n), 40.f);
+      const float ties[] = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, 1e9f, -1e9f, 126.5f, -127.5f};
+      for (size_t i = 0; i < x.size() && i < 9; ++i) x[i] = ties[i];
+      std::vector<int8_t> q(static_cast<size_t>(n));
+      std::vector<bf16> xb(static_cast<size_t>(n));
+      std::vector<int8_t> qb(static_cast<size_t>(n));
+      std::vector<float> back(static_cast<size_t>(n));
+      for (size_t i = 0; i < x.size(); ++i) xb[i] = to_bf16(x[i]);
+      for (float zp : {0.f, -7.f}) {
+        REQUIRE(table->quant.quantize_int8(DType::kFloat, x.data(), q.data(), n, 1.0f, zp));
+        REQUIRE(table->quant.quantize_int8(DType::kBFloat16, xb.data(), qb.data(), n, 0.5f, zp));
+        table->quant.dequantize_int8(q.data(), back.data(), n, 0.25f, zp);
+        for (size_t i = 0; i < x.size(); ++i) {
+          INFO(table->name << " n=" << n << " i=" << i << " x=" << x[i] << " zp=" << zp);
+          const auto want = [&](float v, float inv) {
+            const float r = std::nearbyint(v * inv) + zp;
+            return static_cast<int8_t>(std::min(127.f, std::max(-128.f, r)));
+          };
+          REQUIRE(q[i] == want(x[i], 1.0f));
+          REQUIRE(qb[i] == want(to_float(xb[i]), 0.5f));
+          REQUIRE(back[i] == (static_cast<float>(q[i]) - zp) * 0.25f);
+        }
+      }
+    }
+    int8_t out = 0;
+    double d = 1;
+    CHECK_FALSE(table->quant.quantize_int8(DType::kDouble, &d, &out, 1, 1.f, 0.f));
+  }
+}

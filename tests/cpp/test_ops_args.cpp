@@ -2,53 +2,10 @@
 // the same names in the same order, and the struct's defaults equal to the schema's. (The types
 // and their order are checked by the dispatcher itself when the kernels taking the struct are
 // registered, at library load.)
-#include <ATen/core/dispatch/Dispatcher.h>
-
-#include <string>
-
-#include "catch_shim.h"
+#include "op_schema_check.h"
 #include "torchspeed/torchspeed.h"
 
-namespace {
-
-c10::IValue as_ivalue(const at::TensorList& l) { return c10::IValue(l.vec()); }
-c10::IValue as_ivalue(const at::Tensor& t) { return t.defined() ? c10::IValue(t) : c10::IValue(); }
-c10::IValue as_ivalue(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? c10::IValue(*t) : c10::IValue();
-}
-c10::IValue as_ivalue(double d) { return c10::IValue(d); }
-c10::IValue as_ivalue(bool b) { return c10::IValue(b); }
-
-template <class Args>
-void check_against_schema() {
-  const auto& schema =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow((std::string("torchspeed::") + Args::kName).c_str(), "")
-          .schema();
-  const auto& arguments = schema.arguments();
-  constexpr size_t n = sizeof(Args::kFieldNames) / sizeof(Args::kFieldNames[0]);
-  INFO("op " << Args::kName);
-  REQUIRE(arguments.size() == n);
-  const Args defaults{};
-  size_t i = 0;
-  std::apply(
-      [&](const auto&, const auto&... field) {
-        (
-            [&](const auto& value) {
-              INFO("argument " << i << ": schema " << arguments[i].name() << ", struct "
-                               << Args::kFieldNames[i]);
-              CHECK(arguments[i].name() == Args::kFieldNames[i]);
-              if (arguments[i].default_value().has_value()) {
-                CHECK(*arguments[i].default_value() == as_ivalue(value));
-              }
-              ++i;
-            }(field),
-            ...);
-      },
-      defaults.fields());
-}
-
-}  // namespace
+using torchspeed_test::check_against_schema;
 
 TEST_CASE("every op's argument struct has its schema's names, order and defaults") {
   check_against_schema<torchspeed::GradStatsArgs>();

@@ -206,6 +206,62 @@ def test_a_backward_without_a_forward_counts_as_the_next_micro_step(single_group
     assert model.sync_now and model.stats()["sync_steps"] == 2
 
 
+class _ConvNet(nn.Module):
+    """Conv (channels_last), BatchNorm (buffers), a float64 head: several dtypes and layouts."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 2).double()
+
+    def forward(self, x):
+        h = self.bn(self.conv(x)).relu().mean(dim=(2, 3))
+        return self.head(h.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layouts_dtypes_and_buffers_match_plain_training_exactly(single_group, dtype):
+    """World size 1 (1/world = 1): the reducer must not change a single bit of the gradients,
+    with a channels_last conv weight (its bucket view keeps the param's strides), bf16 or fp32
+    convs next to a float64 head (one bucket per dtype), BatchNorm buffers broadcast at each
+    synchronising forward, and bf16 compression (a no-op on bf16 buckets)."""
+    from torchspeed.dist import AccumulatingDDP
+
+    plain, wrapped = _ConvNet(), _ConvNet()
+    for m in (plain, wrapped):
+        m.conv.to(dtype)
+        m.bn.to(dtype)
+    model = AccumulatingDDP(
+        wrapped, accumulation_steps=2, process_group=single_group, compression="bf16"
+    )
+    assert model.module.conv.weight.grad is None  # grads stay None until the first backward
+    g = torch.Generator().manual_seed(1)
+    for _step in range(2):
+        for _micro in range(2):
+            x = torch.randn(4, 3, 9, 9, generator=g).to(dtype).to(memory_format=torch.channels_last)
+            for m in (plain, model):
+                m(x).sum().div(2).backward()
+        controls = model.stats()["control_collectives"]
+        for (n, a), b in zip(plain.named_parameters(), wrapped.parameters()):
+            # fp32 buckets travel in bf16 (rounded once, to nearest even); the others unchanged
+            want = a.grad.to(torch.bfloat16).float() if a.dtype == torch.float32 else a.grad
+            assert torch.equal(b.grad, want), n
+            assert b.grad.stride() == b.stride(), n  # the param's own layout
+        for m in (plain, wrapped):
+            for p in m.parameters():
+                p.grad = None
+    st = model.stats()
+    assert st["buckets"] >= 2  # the float64 head has its own bucket
+    assert controls >= 2  # construction broadcast(s) + the buffer broadcasts
+    wire = sum(
+        p.numel() * p.element_size() for p in wrapped.parameters() if p.dtype != torch.float32
+    )
+    wire += sum(p.numel() * 2 for p in wrapped.parameters() if p.dtype == torch.float32)
+    assert st["last_bytes_reduced"] == wire  # fp32 buckets travel in bf16, the others as they are
+
+
 def test_reentrant_checkpoint_is_refused_with_the_fix(single_group):
     """torch.utils.checkpoint(use_reentrant=True) runs a nested backward that would end the
     reduction early: a clear error names the supported form; use_reentrant=False works."""

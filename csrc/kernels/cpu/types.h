@@ -64,6 +64,16 @@ using ResampleVerticalFn = void (*)(const uint8_t* rows, size_t stride, int firs
 using ScaleCastFn = bool (*)(DType in_dtype, const void* in, DType out_dtype, void* out,
                              double scale, int64_t n);
 
+// ---- Quant: int8 affine quantize / dequantize (quant.h) -----------------------------------------
+
+/// q = clamp(round_even(x * inv_scale) + zero_point, -128, 127) over `n` contiguous elements of
+/// fp32/bf16/fp16 `x`; false for another dtype.
+using QuantizeInt8Fn = bool (*)(DType in_dtype, const void* x, int8_t* q, int64_t n,
+                                float inv_scale, float zero_point);
+/// out = (q - zero_point) * scale over `n` contiguous elements, in fp32.
+using DequantizeInt8Fn = void (*)(const int8_t* q, float* out, int64_t n, float scale,
+                                  float zero_point);
+
 // ---- The table ----------------------------------------------------------------------------------
 
 /// The optimizer area's kernels (torchspeed.optim, torchspeed.ops.grad_stats).
@@ -87,6 +97,12 @@ struct DistKernels {
   ScaleCastFn scale_cast;
 };
 
+/// The quant area's kernels (torchspeed.quant).
+struct QuantKernels {
+  QuantizeInt8Fn quantize_int8;
+  DequantizeInt8Fn dequantize_int8;
+};
+
 /// Every CPU kernel of one ISA, grouped per area. One instance per ISA unit; see dispatch.h for
 /// the choice (TORCHSPEED_CPU_ISA applies to all of them).
 struct CpuKernelTable {
@@ -95,6 +111,7 @@ struct CpuKernelTable {
   OptimKernels optim;
   DataKernels data;
   DistKernels dist;
+  QuantKernels quant;
 };
 
 }  // namespace torchspeed::kernels::cpu

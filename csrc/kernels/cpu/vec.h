@@ -82,6 +82,7 @@ inline fp16 to_fp16(float f) {
 
 inline float to_float(float x) { return x; }
 inline double to_float(double x) { return x; }
+inline float to_float(int8_t x) { return static_cast<float>(x); }
 
 template <typename T>
 inline T from_float(float f);
@@ -96,6 +97,11 @@ inline bf16 from_float<bf16>(float f) {
 template <>
 inline fp16 from_float<fp16>(float f) {
   return to_fp16(f);
+}
+/// int8 from a value already rounded and clamped to [-128, 127] (the quantizer's last step).
+template <>
+inline int8_t from_float<int8_t>(float f) {
+  return static_cast<int8_t>(static_cast<int32_t>(f));
 }
 
 // ---- int32 lanes: exact fixed-point arithmetic (the image resampler; next, int8 kernels) --------
@@ -206,6 +212,10 @@ struct ScalarVec {
   /// (a > b) ? a : b, in every ISA: when either is NaN the result is `b` (unlike std::fmax,
   /// which returns the other operand); callers that must see NaN check for it separately.
   friend ScalarVec max(ScalarVec a, ScalarVec b) { return ScalarVec(a.v > b.v ? a.v : b.v); }
+  /// (a < b) ? a : b, in every ISA (NaN: `b`, as max).
+  friend ScalarVec min(ScalarVec a, ScalarVec b) { return ScalarVec(a.v < b.v ? a.v : b.v); }
+  /// Round to the nearest integer, ties to even (torch.round), in the default FP environment.
+  friend ScalarVec round_even(ScalarVec a) { return ScalarVec(std::nearbyint(a.v)); }
   /// +1, -1 or 0 (sign(0) = 0, as torch.sign).
   friend ScalarVec sign(ScalarVec a) { return ScalarVec(static_cast<F>((a.v > 0) - (a.v < 0))); }
   /// Keep `a` where mask_src != 0, else 0 (pruning masks): the mask is a {0,1} value.
@@ -248,6 +258,16 @@ struct VecAvx2 {
   void store(fp16* p) const {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
+  static VecAvx2 load(const int8_t* p) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return VecAvx2(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+  }
+  /// Lanes already rounded and clamped to [-128, 127]: exact conversion, then narrowing.
+  void store(int8_t* p) const {
+    const __m256i i = _mm256_cvtps_epi32(v);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(w, w));
+  }
   friend VecAvx2 operator+(VecAvx2 a, VecAvx2 b) { return VecAvx2(_mm256_add_ps(a.v, b.v)); }
   friend VecAvx2 operator-(VecAvx2 a, VecAvx2 b) { return VecAvx2(_mm256_sub_ps(a.v, b.v)); }
   friend VecAvx2 operator*(VecAvx2 a, VecAvx2 b) { return VecAvx2(_mm256_mul_ps(a.v, b.v)); }
@@ -261,6 +281,12 @@ struct VecAvx2 {
   friend VecAvx2 max(VecAvx2 a, VecAvx2 b) {
     // (a > b) ? a : b, lane-wise, matching ScalarVec::max including NaN handling.
     return VecAvx2(_mm256_blendv_ps(b.v, a.v, _mm256_cmp_ps(a.v, b.v, _CMP_GT_OQ)));
+  }
+  friend VecAvx2 min(VecAvx2 a, VecAvx2 b) {
+    return VecAvx2(_mm256_blendv_ps(b.v, a.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ)));
+  }
+  friend VecAvx2 round_even(VecAvx2 a) {
+    return VecAvx2(_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   friend VecAvx2 sign(VecAvx2 a) {
     const __m256 zero = _mm256_setzero_ps();
@@ -315,6 +341,14 @@ struct VecAvx512 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
+  static VecAvx512 load(const int8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return VecAvx512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
+  }
+  /// Lanes already rounded and clamped to [-128, 127]: exact conversion, then narrowing.
+  void store(int8_t* p) const {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
   friend VecAvx512 operator+(VecAvx512 a, VecAvx512 b) {
     return VecAvx512(_mm512_add_ps(a.v, b.v));
   }
@@ -338,6 +372,12 @@ struct VecAvx512 {
   friend VecAvx512 abs(VecAvx512 a) { return VecAvx512(_mm512_abs_ps(a.v)); }
   friend VecAvx512 max(VecAvx512 a, VecAvx512 b) {
     return VecAvx512(_mm512_mask_mov_ps(b.v, _mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ), a.v));
+  }
+  friend VecAvx512 min(VecAvx512 a, VecAvx512 b) {
+    return VecAvx512(_mm512_mask_mov_ps(b.v, _mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), a.v));
+  }
+  friend VecAvx512 round_even(VecAvx512 a) {
+    return VecAvx512(_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   friend VecAvx512 sign(VecAvx512 a) {
     const __m512 zero = _mm512_setzero_ps();

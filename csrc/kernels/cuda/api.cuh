@@ -73,4 +73,22 @@ cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count
 cudaError_t scale_cast(DType in_dtype, const void* in, DType out_dtype, void* out, double scale,
                        int64_t n, cudaStream_t stream);
 
+// ---- quant: int8 affine quantize / dequantize
+// ----------------------------------------------------
+
+/// The layout of a quant call: x as [rows, cols]; `groups` scales per row, 0 = one for all.
+struct QuantLayout {
+  int64_t rows;
+  int64_t cols;
+  int64_t groups;
+};
+
+/// q = clamp(round_half_even(x * (1 / scale[s])) + zero_point[s], -128, 127) for fp32/bf16/fp16 x
+/// (zero_point may be null: 0), s the element's scale index under `layout`.
+cudaError_t quantize_int8(DType in_dtype, const void* x, int8_t* q, QuantLayout layout,
+                          const float* scale, const int32_t* zero_point, cudaStream_t stream);
+/// out = (q - zero_point[s]) * scale[s], float32.
+cudaError_t dequantize_int8(const int8_t* q, float* out, QuantLayout layout, const float* scale,
+                            const int32_t* zero_point, cudaStream_t stream);
+
 }  // namespace torchspeed::kernels::cuda

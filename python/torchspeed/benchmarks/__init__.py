@@ -21,6 +21,7 @@ BENCHMARKS = {
     "loader": ("loader", "JPEG loader vs torch DataLoader + PIL (needs Pillow)"),
     "loader_gpu": ("loader_gpu", "H2D copy hidden behind compute, sync-free next() (CUDA)"),
     "profile": ("profile", "profiler ranges + always-on step overhead vs torch.profiler"),
+    "quant": ("quant", "int8 quantize/dequantize vs torch's formula and torch.quantize_per_*"),
     "ddp": ("ddp", "AccumulatingDDP vs torch DDP + no_sync vs no communication (2 Gloo ranks)"),
 }
 # What each benchmark needs beyond torch: pip install torchspeed[bench].

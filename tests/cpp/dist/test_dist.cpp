@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "catch_shim.h"
+#include "op_schema_check.h"
 #include "torchspeed/dist/ddp.h"
 #include "torchspeed/ops/dist.h"
 
@@ -177,6 +178,10 @@ TEST_CASE("torchrun_env names the missing or malformed variable") {
   CHECK(env.world_size == 2);
   CHECK(env.master_port == 29500);
   for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
+}
+
+TEST_CASE("the dist op's argument struct matches its schema") {
+  torchspeed_test::check_against_schema<torchspeed::ScaleCastArgs>();
 }
 
 TEST_CASE("scale_cast_ through the dispatcher: fp32 -> bf16 with the 1/world scale") {

@@ -1,0 +1,65 @@
+// The quant area's int8 kernels: affine quantize q = clamp(round_even(x * inv_scale) + zero_point,
+// -128, 127) and dequantize x = (q - zero_point) * scale, over one contiguous segment that shares
+// its (scale, zero_point). fp32 arithmetic for every input dtype (bf16/fp16 are widened first),
+// so the result equals torch's reference formula on x.float() bit for bit.
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/cpu/vec.h"
+
+namespace torchspeed::kernels::cpu {
+namespace TORCHSPEED_CPU_ISA_NAMESPACE {
+
+template <class V, typename In>
+void quantize_segment(const In* x, int8_t* q, int64_t n, float inv_scale, float zero_point) {
+  using S = typename V::Scalar;
+  constexpr int64_t W = V::kWidth;
+  auto body = [&](auto vx, auto inv, auto zp, auto lo, auto hi) {
+    return min(max(round_even(vx * inv) + zp, lo), hi);
+  };
+  const V inv(inv_scale), zp(zero_point), lo(-128.f), hi(127.f);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) body(V::load(x + i), inv, zp, lo, hi).store(q + i);
+  for (; i < n; ++i) {
+    body(S::load(x + i), S(inv_scale), S(zero_point), S(-128.f), S(127.f)).store(q + i);
+  }
+}
+
+template <class V>
+void dequantize_segment(const int8_t* q, float* out, int64_t n, float scale, float zero_point) {
+  using S = typename V::Scalar;
+  constexpr int64_t W = V::kWidth;
+  const V vs(scale), zp(zero_point);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) ((V::load(q + i) - zp) * vs).store(out + i);
+  for (; i < n; ++i) ((S::load(q + i) - S(zero_point)) * S(scale)).store(out + i);
+}
+
+/// The table's entries: quantize dispatches on the input dtype (fp32, bf16, fp16); false for
+/// another (the op's validator rejects it first).
+template <class V>
+bool quantize_int8(DType in_dtype, const void* x, int8_t* q, int64_t n, float inv_scale,
+                   float zero_point) {
+  switch (in_dtype) {
+    case DType::kFloat:
+      quantize_segment<V>(static_cast<const float*>(x), q, n, inv_scale, zero_point);
+      return true;
+    case DType::kBFloat16:
+      quantize_segment<V>(static_cast<const bf16*>(x), q, n, inv_scale, zero_point);
+      return true;
+    case DType::kHalf:
+      quantize_segment<V>(static_cast<const fp16*>(x), q, n, inv_scale, zero_point);
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <class V>
+void dequantize_int8(const int8_t* q, float* out, int64_t n, float scale, float zero_point) {
+  dequantize_segment<V>(q, out, n, scale, zero_point);
+}
+
+}  // namespace TORCHSPEED_CPU_ISA_NAMESPACE
+}  // namespace torchspeed::kernels::cpu

@@ -1,0 +1,31 @@
+// Meta (shape-only) implementation of torchspeed::quantize_int8 and dequantize_int8: validates
+// and returns an empty result of the right shape and dtype. Also registered for the sparse keys.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "ops/quant_checks.h"
+
+namespace torchspeed::ops {
+namespace {
+
+at::Tensor quantize_int8_meta(const QuantizeInt8Args& a) {
+  validate(a);
+  return at::empty_symint(a.x.sym_sizes(), a.x.options().dtype(at::kChar));
+}
+
+at::Tensor dequantize_int8_meta(const DequantizeInt8Args& a) {
+  validate(a);
+  return at::empty_symint(a.q.sym_sizes(), a.q.options().dtype(at::kFloat));
+}
+
+}  // namespace
+
+void register_quant_validators(torch::Library& m) {
+  TORCHSPEED_OP_IMPL(m, QuantizeInt8Args, quantize_int8_meta);
+  TORCHSPEED_OP_IMPL(m, DequantizeInt8Args, dequantize_int8_meta);
+}
+
+TORCH_LIBRARY_IMPL(torchspeed, Meta, m) { register_quant_validators(m); }
+TORCHSPEED_REGISTER_FOR_SPARSE_KEYS(register_quant_validators)
+
+}  // namespace torchspeed::ops

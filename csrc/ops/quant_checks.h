@@ -1,0 +1,115 @@
+// The validators of the quant area's ops (quantize_int8, dequantize_int8), shared by their CPU,
+// CUDA and Meta kernels, and the layout they derive: x as [rows, cols], scale's granularity.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "ops/checks.h"
+#include "torchspeed/ops/quant.h"
+
+namespace torchspeed::ops {
+
+/// x viewed as [rows, cols]; `groups` scales per row (0 = one scale for the whole tensor).
+/// Symbolic (SymInt) so that FakeTensor and dynamic shapes validate too; `concrete()` for kernels.
+struct QuantLayout {
+  int64_t rows = 1;
+  int64_t cols = 1;
+  int64_t groups = 0;
+  int64_t group_size() const { return groups ? cols / groups : rows * cols; }
+};
+struct SymQuantLayout {
+  c10::SymInt rows, cols, groups;
+  QuantLayout concrete() const {
+    return {rows.expect_int(), cols.expect_int(), groups.expect_int()};
+  }
+};
+
+/// Checks the data tensor, scale and zero_point of a quant op (shapes, dtypes, devices, layouts);
+/// returns the layout. Their values are checked by check_quant_values, on the host only.
+inline SymQuantLayout check_quant_args(const char* op, const char* data_name,
+                                       const at::Tensor& data, const at::Tensor& scale,
+                                       const std::optional<at::Tensor>& zero_point) {
+  TORCH_CHECK(data.defined(), "torchspeed.", op, ": ", data_name, " must be a tensor, got None");
+  TORCH_CHECK(data.layout() == at::kStrided, "torchspeed.", op, ": ", data_name,
+              " must be a dense (strided) tensor, got layout ", data.layout());
+  TORCH_CHECK(data.dim() >= 1, "torchspeed.", op, ": ", data_name,
+              " must have at least one dimension, got a 0-dim tensor");
+  TORCH_CHECK(data.is_contiguous(), "torchspeed.", op, ": ", data_name,
+              " must be contiguous, got strides ", data.sym_strides());
+  TORCH_CHECK(
+      scale.defined() && scale.layout() == at::kStrided && scale.scalar_type() == at::kFloat,
+      "torchspeed.", op, ": scale must be a dense float32 tensor, got ",
+      scale.defined() ? c10::toString(scale.scalar_type()) : "None");
+  TORCH_CHECK(scale.device() == data.device(), "torchspeed.", op, ": scale must be on ",
+              data.device(), " like ", data_name, ", got ", scale.device());
+  SymQuantLayout l;
+  l.cols = data.sym_size(-1);
+  l.rows = l.cols == 0 ? c10::SymInt(0) : data.sym_numel() / l.cols;
+  if (scale.sym_numel() == 1) {
+    l.groups = 0;
+  } else if (scale.dim() == 1) {
+    TORCH_CHECK(scale.sym_size(0) == l.rows, "torchspeed.", op, ": a per-channel scale must have ",
+                l.rows, " elements (one per row of ", data_name, " viewed as [", l.rows, ", ",
+                l.cols, "]), got ", scale.sym_size(0));
+    l.groups = 1;
+  } else {
+    TORCH_CHECK(scale.dim() == 2 && scale.sym_size(0) == l.rows && scale.sym_size(1) > 0 &&
+                    l.cols % scale.sym_size(1) == 0,
+                "torchspeed.", op, ": scale must have one element, shape [", l.rows, "] or shape [",
+                l.rows, ", groups] with groups dividing ", l.cols, ", got shape ",
+                scale.sym_sizes());
+    l.groups = scale.sym_size(1);
+  }
+  TORCH_CHECK(scale.is_contiguous(), "torchspeed.", op, ": scale must be contiguous");
+  if (zero_point) {
+    const at::Tensor& zp = *zero_point;
+    TORCH_CHECK(zp.layout() == at::kStrided && zp.scalar_type() == at::kInt && zp.is_contiguous(),
+                "torchspeed.", op, ": zero_point must be a contiguous int32 tensor or None, got ",
+                zp.scalar_type());
+    TORCH_CHECK(zp.sym_sizes() == scale.sym_sizes(), "torchspeed.", op,
+                ": zero_point must have scale's shape ", scale.sym_sizes(), ", got ",
+                zp.sym_sizes());
+    TORCH_CHECK(zp.device() == data.device(), "torchspeed.", op, ": zero_point must be on ",
+                data.device(), ", got ", zp.device());
+  }
+  return l;
+}
+
+/// The values the CPU kernels read: every scale finite and > 0, every zero point in [-128, 127].
+/// (On CUDA they stay on the device: reading them would synchronise.)
+inline void check_quant_values(const char* op, const at::Tensor& scale,
+                               const std::optional<at::Tensor>& zero_point) {
+  const float* s = scale.data_ptr<float>();
+  for (int64_t i = 0; i < scale.numel(); ++i) {
+    TORCH_CHECK(std::isfinite(s[i]) && s[i] > 0, "torchspeed.", op, ": scale[", i,
+                "] must be finite and > 0, got ", s[i]);
+  }
+  if (zero_point) {
+    const int32_t* z = zero_point->data_ptr<int32_t>();
+    for (int64_t i = 0; i < zero_point->numel(); ++i) {
+      TORCH_CHECK(z[i] >= -128 && z[i] <= 127, "torchspeed.", op, ": zero_point[", i,
+                  "] must be in [-128, 127], got ", z[i]);
+    }
+  }
+}
+
+inline SymQuantLayout validate(const QuantizeInt8Args& a) {
+  if (a.x.defined()) {
+    const auto t = a.x.scalar_type();
+    TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, "torchspeed.",
+                QuantizeInt8Args::kName, ": x must be float32, bfloat16 or float16, got ", t);
+  }
+  return check_quant_args(QuantizeInt8Args::kName, "x", a.x, a.scale, a.zero_point);
+}
+
+inline SymQuantLayout validate(const DequantizeInt8Args& a) {
+  if (a.q.defined()) {
+    TORCH_CHECK(a.q.scalar_type() == at::kChar, "torchspeed.", DequantizeInt8Args::kName,
+                ": q must be int8, got ", a.q.scalar_type());
+  }
+  return check_quant_args(DequantizeInt8Args::kName, "q", a.q, a.scale, a.zero_point);
+}
+
+}  // namespace torchspeed::ops

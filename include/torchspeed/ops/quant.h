@@ -1,0 +1,44 @@
+// The quant area's tensor ops, for C++ callers: int8 affine quantize and dequantize (schemas and
+// semantics in csrc/ops/quant.cpp). They call through the dispatcher (CPU, CUDA or Meta).
+//
+//   at::Tensor w = ...;                                   // [out, in] float32
+//   at::Tensor scale = w.abs().amax(1).clamp_min(1e-8) / 127;   // per output channel
+//   at::Tensor q = torchspeed::quantize_int8(w, scale);   // int8, symmetric
+//   at::Tensor back = torchspeed::dequantize_int8(q, scale);
+//
+// The granularity follows scale's shape, for x viewed as [rows, cols] (cols = the last dim):
+// one element = per tensor; [rows] = per channel (row); [rows, groups] = per group of
+// cols / groups consecutive elements of a row.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "torchspeed/export.h"
+#include "torchspeed/ops/args.h"
+
+namespace torchspeed {
+
+#define TORCHSPEED_QUANTIZE_INT8_ARGS(X) \
+  X(at::Tensor, x, {})                   \
+  X(at::Tensor, scale, {})               \
+  X(std::optional<at::Tensor>, zero_point, std::nullopt)
+TORCHSPEED_OP_ARGS(QuantizeInt8Args, "quantize_int8", at::Tensor, TORCHSPEED_QUANTIZE_INT8_ARGS);
+
+#define TORCHSPEED_DEQUANTIZE_INT8_ARGS(X) \
+  X(at::Tensor, q, {})                     \
+  X(at::Tensor, scale, {})                 \
+  X(std::optional<at::Tensor>, zero_point, std::nullopt)
+TORCHSPEED_OP_ARGS(DequantizeInt8Args, "dequantize_int8", at::Tensor,
+                   TORCHSPEED_DEQUANTIZE_INT8_ARGS);
+
+/// q = clamp(round_half_even(x * (1 / scale)) + zero_point, -128, 127), int8, in fp32 arithmetic.
+TORCHSPEED_API at::Tensor quantize_int8(const at::Tensor& x, const at::Tensor& scale,
+                                        const std::optional<at::Tensor>& zero_point = std::nullopt);
+/// (q - zero_point) * scale, float32.
+TORCHSPEED_API at::Tensor dequantize_int8(
+    const at::Tensor& q, const at::Tensor& scale,
+    const std::optional<at::Tensor>& zero_point = std::nullopt);
+
+}  // namespace torchspeed

@@ -1,0 +1,98 @@
+"""int8 quantization: affine quantize / dequantize kernels and min-max quantization parameters.
+
+    scale, zp = torchspeed.quant.choose_qparams(w, granularity="per_channel")   # symmetric
+    q = torchspeed.quant.quantize_int8(w, scale, zp)        # int8, CPU SIMD or CUDA
+    w_hat = torchspeed.quant.dequantize_int8(q, scale, zp)  # float32, |w_hat - w| <= scale / 2
+
+The granularity is scale's shape, for x viewed as [rows, cols] (cols = its last dim): one element
+(per tensor), [rows] (per channel, e.g. a Linear weight's output channels) or [rows, groups] (per
+group of cols / groups consecutive elements). Next in this package (issue 12): observers,
+fake-quant with a straight-through gradient, the int8 Linear and pruning.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+_GRANULARITIES = ("per_tensor", "per_channel", "per_group")
+
+
+def _op(name: str):
+    op = getattr(torch.ops.torchspeed, name, None)
+    if op is None:
+        raise RuntimeError(
+            f"torchspeed.{name}: built without the quant area (TORCHSPEED_WITH_QUANT=OFF)"
+        )
+    return op
+
+
+def quantize_int8(
+    x: torch.Tensor, scale: torch.Tensor, zero_point: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """``clamp(round_half_even(x * (1 / scale)) + zero_point, -128, 127)`` as int8.
+
+    x: contiguous float32, bfloat16 or float16 (computed in fp32: equal to torch's formula on
+    ``x.float()`` bit for bit). scale: float32 > 0, one element / [rows] / [rows, groups].
+    zero_point: int32 of scale's shape in [-128, 127], or None (symmetric). On CPU the values of
+    scale and zero_point are checked; on CUDA they stay on the device (no synchronisation)."""
+    return _op("quantize_int8")(x, scale, zero_point)
+
+
+def dequantize_int8(
+    q: torch.Tensor, scale: torch.Tensor, zero_point: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """``(q - zero_point) * scale`` as float32, with quantize_int8's granularity rule."""
+    return _op("dequantize_int8")(q, scale, zero_point)
+
+
+def choose_qparams(
+    x: torch.Tensor,
+    granularity: str = "per_tensor",
+    group_size: int = 128,
+    symmetric: bool = True,
+    eps: float = 1e-12,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Min-max quantization parameters (scale float32, zero_point int32) for quantize_int8.
+
+    symmetric: ``scale = max|x| / 127``, zero_point 0 (the range maps onto [-127, 127]).
+    asymmetric: ``[min, max]`` (always including 0) maps onto [-128, 127] with a zero point.
+    ``per_group`` splits each row of x (viewed as [rows, cols]) into groups of ``group_size``."""
+    if granularity not in _GRANULARITIES:
+        raise ValueError(
+            f"torchspeed.quant.choose_qparams: granularity must be one of {_GRANULARITIES}, "
+            f"got {granularity!r}"
+        )
+    if x.dim() < 1 or x.numel() == 0:
+        raise ValueError("torchspeed.quant.choose_qparams: x must be a non-empty tensor")
+    cols = x.shape[-1]
+    v = x.detach().reshape(-1, cols).float()
+    if granularity == "per_tensor":
+        v = v.reshape(1, -1)
+    elif granularity == "per_group":
+        if (
+            isinstance(group_size, bool)
+            or not isinstance(group_size, int)
+            or group_size < 1
+            or cols % group_size
+        ):
+            raise ValueError(
+                f"torchspeed.quant.choose_qparams: group_size must be a positive int dividing the "
+                f"last dim ({cols}), got {group_size!r}"
+            )
+        v = v.reshape(v.shape[0], cols // group_size, group_size)
+    lo = torch.minimum(v.amin(dim=-1), torch.zeros((), device=v.device))
+    hi = torch.maximum(v.amax(dim=-1), torch.zeros((), device=v.device))
+    if symmetric:
+        scale = (torch.maximum(-lo, hi) / 127.0).clamp_min(eps)
+        zp = torch.zeros_like(scale, dtype=torch.int32)
+    else:
+        scale = ((hi - lo) / 255.0).clamp_min(eps)
+        zp = (-128 - torch.round(lo / scale)).clamp(-128, 127).to(torch.int32)
+    if granularity == "per_tensor":
+        scale, zp = scale.reshape(1), zp.reshape(1)
+    return scale.contiguous(), zp.contiguous()
+
+
+__all__ = ["quantize_int8", "dequantize_int8", "choose_qparams"]
