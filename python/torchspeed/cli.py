@@ -88,9 +88,12 @@ def main(argv=None) -> int:
     if args.cmd == "bench":
         return benchmarks.run(args.name, args.args + extra)
     quick = [] if args.full else ["--quick"]
-    print("torchspeed demo: fused optimizer step, gradient statistics and the loader vs torch\n")
+    print(
+        "torchspeed demo: fused optimizer step, gradient statistics, the loader, int8 quantize "
+        "and gradient-accumulating DDP (2 Gloo ranks) vs torch\n"
+    )
     status = 0
-    for i, name in enumerate(("optim", "grad_stats", "loader")):
+    for i, name in enumerate(("optim", "grad_stats", "loader", "quant", "ddp")):
         if i:
             print()
         status |= benchmarks.run(name, quick + extra)
