@@ -19,6 +19,7 @@ both fronts train to the same parameters (scripts/consumer.sh compares them).
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 
@@ -93,7 +94,12 @@ def main() -> None:
         mean_abs = math.fsum(p.abs().mean().item() for p in model.parameters())
         print(f"done: {world} ranks x {k} micro-steps x {args.steps} optimizer steps "
               f"(sum of mean |param| {mean_abs:.4f})")
-    del model
+    # Drop every reference to the group (the wrapper holds one) while all ranks are alive, then
+    # destroy it together: a group left to interpreter shutdown can abort the process (its Gloo
+    # threads outlive Python).
+    del model, opt
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 

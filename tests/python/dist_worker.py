@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import json
 import os
 import sys
@@ -320,8 +321,12 @@ def main(scenario: str):
         raise SystemExit(f"unknown scenario {scenario}")
     torch.save(results, OUT / f"rank{RANK}.pt")
     (OUT / f"rank{RANK}.json").write_text(json.dumps(facts, default=str))
+    del results
+    gc.collect()  # every wrapper (and its reference to the group) is gone before the group
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown racing the other rank's exit (the results are written)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import socket
@@ -176,8 +177,8 @@ def _worker(args) -> None:
                 }
             )
         )
-    for _, wrapper in variants.values():
-        del wrapper
+    variants.clear()
+    gc.collect()  # every wrapper's reference to the group goes before the group
     dist.barrier()
     dist.destroy_process_group()
 
