@@ -91,4 +91,26 @@ cudaError_t quantize_int8(DType in_dtype, const void* x, int8_t* q, QuantLayout 
 cudaError_t dequantize_int8(const int8_t* q, float* out, QuantLayout layout, const float* scale,
                             const int32_t* zero_point, cudaStream_t stream);
 
+// ---- quant: the int8 Linear (dynamic per-row activations, per-channel int8 weights) -------------
+// The CPU kernels (kernels/cpu/int8_gemm.h) compute the same numbers bit for bit: the row scale,
+// the rounding, the exact int32 accumulation and the fp32 epilogue below, in this order, with no
+// fused multiply-add (__fmul_rn / __fadd_rn on the device).
+
+/// Per-row symmetric dynamic quantization of x viewed as [rows, cols] (fp32/bf16/fp16, contiguous):
+///   absmax = max_k |x[m, k]| (in fp32), scale[m] = absmax / 127 (fp32 division), or 1 when
+///   absmax == 0; q[m, k] = clamp(round_half_even(x[m, k] * (1 / scale[m])), -127, 127).
+/// A row holding inf or NaN gets scale[m] = NaN (its output row is then NaN; q is unspecified).
+cudaError_t quantize_rows_int8(DType in_dtype, const void* x, int64_t rows, int64_t cols, int8_t* q,
+                               float* scale, cudaStream_t stream);
+
+/// out[m, n] = act(float(acc[m, n]) * (a_scale[m] * w_scale[n]) + bias[n]) with
+/// acc[m, n] = sum_k a[m, k] * w[n, k] in exact int32 (a: [M, K] int8, w: [N, K] int8 in
+/// [-127, 127], both row-major and contiguous), the epilogue in fp32 without FMA contraction, act =
+/// ReLU when `relu`, else identity; bias (fp32, [N]) may be null; out is [M, N] of `out_dtype`
+/// (fp32/bf16/fp16, rounded once, to nearest even). Any M, N, K >= 1 (no padding asked of the
+/// caller). int8 tensor cores (mma.sync) on sm_80 and later.
+cudaError_t int8_linear(const int8_t* a, const float* a_scale, const int8_t* w,
+                        const float* w_scale, const float* bias, bool relu, DType out_dtype,
+                        void* out, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+
 }  // namespace torchspeed::kernels::cuda
