@@ -10,11 +10,14 @@ set(_ts_root "${CMAKE_CURRENT_LIST_DIR}/..")
 set(TORCHSPEED_QUANT_SOURCES
   "${_ts_root}/csrc/ops/quant.cpp"
   "${_ts_root}/csrc/ops/cpu/quant_cpu.cpp"
+  "${_ts_root}/csrc/ops/cpu/int8_linear_cpu.cpp"
+  "${_ts_root}/csrc/quant/linear.cpp"
   "${_ts_root}/csrc/ops/meta/quant_meta.cpp"
 )
 set(TORCHSPEED_QUANT_CUDA_SOURCES
   "${_ts_root}/csrc/kernels/cuda/quant.cu"
   "${_ts_root}/csrc/ops/cuda/quant_cuda.cpp"
+  "${_ts_root}/csrc/ops/cuda/int8_linear_cuda.cpp"
 )
 set(TORCHSPEED_QUANT_PYTHON_SOURCES "")
 file(GLOB TORCHSPEED_QUANT_TEST_SOURCES CONFIGURE_DEPENDS "${_ts_root}/tests/cpp/quant/*.cpp")

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <vector>
 
 #include "ops/checks.h"
 #include "torchspeed/ops/quant.h"
@@ -110,6 +111,101 @@ inline SymQuantLayout validate(const DequantizeInt8Args& a) {
                 ": q must be int8, got ", a.q.scalar_type());
   }
   return check_quant_args(DequantizeInt8Args::kName, "q", a.q, a.scale, a.zero_point);
+}
+
+// ---- The int8 Linear -----------------------------------------------------------------------------
+
+/// Largest K the int8 GEMM accepts: 131072 * 127 * 127 < 2^31, so its int32 sums stay exact.
+constexpr int64_t kInt8LinearMaxK = int64_t{1} << 17;
+
+/// Bytes of a packed int8 weight (every CPU path's layout, kernels/cpu/types.h): a 64-byte header,
+/// int32 comp[N_pad], panels N_pad x K_pad (N, K rounded up to 16 and 64).
+inline c10::SymInt int8_packed_bytes(const c10::SymInt& n, const c10::SymInt& k) {
+  const c10::SymInt n_pad = (n + 15) / 16 * 16;
+  const c10::SymInt k_pad = (k + 63) / 64 * 64;
+  return n_pad * k_pad + n_pad * 4 + 64;
+}
+
+inline void validate(const Int8PackWeightArgs& a) {
+  const char* op = Int8PackWeightArgs::kName;
+  TORCH_CHECK(a.w.defined() && a.w.layout() == at::kStrided && a.w.scalar_type() == at::kChar,
+              "torchspeed.", op, ": w must be a dense int8 tensor, got ",
+              a.w.defined() ? c10::toString(a.w.scalar_type()) : "None");
+  TORCH_CHECK(a.w.dim() == 2, "torchspeed.", op, ": w must be [N, K] (2-D), got shape ",
+              a.w.sym_sizes());
+  TORCH_CHECK(a.w.sym_size(0) >= 1 && a.w.sym_size(1) >= 1 && a.w.sym_size(1) <= kInt8LinearMaxK,
+              "torchspeed.", op, ": w must have N >= 1 and 1 <= K <= ", kInt8LinearMaxK,
+              ", got shape ", a.w.sym_sizes());
+  TORCH_CHECK(a.w.is_contiguous(), "torchspeed.", op, ": w must be contiguous, got strides ",
+              a.w.sym_strides());
+}
+
+/// The int8 Linear's shape: x as [m, k], n output channels; `packed`: packed_w is the CPU buffer
+/// (uint8), else the plain int8 [n, k] weight (CUDA).
+struct SymInt8LinearShape {
+  c10::SymInt m, n, k;
+  bool packed;
+};
+
+inline SymInt8LinearShape validate(const Int8LinearArgs& a) {
+  const char* op = Int8LinearArgs::kName;
+  TORCH_CHECK(a.x.defined() && a.x.layout() == at::kStrided, "torchspeed.", op,
+              ": x must be a dense tensor");
+  const auto t = a.x.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, "torchspeed.", op,
+              ": x must be float32, bfloat16 or float16, got ", t);
+  TORCH_CHECK(a.x.dim() >= 1, "torchspeed.", op, ": x must be [..., K], got a 0-dim tensor");
+  TORCH_CHECK(a.x.is_contiguous(), "torchspeed.", op, ": x must be contiguous, got strides ",
+              a.x.sym_strides());
+  SymInt8LinearShape s;
+  s.k = a.x.sym_size(-1);
+  TORCH_CHECK(s.k >= 1 && s.k <= kInt8LinearMaxK, "torchspeed.", op, ": x's last dim (K) must be in [1, ",
+              kInt8LinearMaxK, "], got ", s.k);
+  s.m = a.x.sym_numel() / s.k;
+  TORCH_CHECK(a.w_scale.defined() && a.w_scale.layout() == at::kStrided &&
+                  a.w_scale.scalar_type() == at::kFloat && a.w_scale.dim() == 1 &&
+                  a.w_scale.is_contiguous() && a.w_scale.sym_size(0) >= 1,
+              "torchspeed.", op, ": w_scale must be a contiguous float32 [N] tensor (N >= 1), got ",
+              a.w_scale.defined() ? c10::toString(a.w_scale.scalar_type()) : "None", " of shape ",
+              a.w_scale.defined() ? a.w_scale.sym_sizes() : c10::SymIntArrayRef{});
+  s.n = a.w_scale.sym_size(0);
+  TORCH_CHECK(a.w_scale.device() == a.x.device(), "torchspeed.", op, ": w_scale must be on ",
+              a.x.device(), " like x, got ", a.w_scale.device());
+  const at::Tensor& w = a.packed_w;
+  TORCH_CHECK(w.defined() && w.layout() == at::kStrided && w.device() == a.x.device(),
+              "torchspeed.", op, ": packed_w must be a dense tensor on ", a.x.device(), " like x");
+  if (w.scalar_type() == at::kByte) {
+    const c10::SymInt bytes = int8_packed_bytes(s.n, s.k);
+    TORCH_CHECK(w.dim() == 1 && w.is_contiguous() && w.sym_numel() == bytes, "torchspeed.", op,
+                ": packed_w must be int8_pack_weight's result for N = ", s.n, " (w_scale) and K = ",
+                s.k, " (x's last dim): ", bytes, " contiguous bytes, got shape ", w.sym_sizes());
+    s.packed = true;
+  } else {
+    TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous() &&
+                    w.sym_size(0) == s.n && w.sym_size(1) == s.k,
+                "torchspeed.", op,
+                ": packed_w must be int8_pack_weight's uint8 buffer, or (CUDA) the contiguous int8 "
+                "[N, K] weight with N = ", s.n, " (w_scale), K = ", s.k, " (x's last dim), got ",
+                w.scalar_type(), " of shape ", w.sym_sizes());
+    s.packed = false;
+  }
+  if (a.bias) {
+    const at::Tensor& b = *a.bias;
+    TORCH_CHECK(b.layout() == at::kStrided && b.scalar_type() == at::kFloat && b.dim() == 1 &&
+                    b.is_contiguous() && b.sym_size(0) == s.n,
+                "torchspeed.", op, ": bias must be a contiguous float32 [", s.n, "] tensor or None, got ",
+                b.scalar_type(), " of shape ", b.sym_sizes());
+    TORCH_CHECK(b.device() == a.x.device(), "torchspeed.", op, ": bias must be on ", a.x.device(),
+                ", got ", b.device());
+  }
+  return s;
+}
+
+/// Output shape of int8_linear: x's shape with the last dim N.
+inline std::vector<c10::SymInt> int8_linear_out_shape(const at::Tensor& x, const c10::SymInt& n) {
+  std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end());
+  shape.back() = n;
+  return shape;
 }
 
 }  // namespace torchspeed::ops

@@ -30,6 +30,15 @@ def collect() -> dict:
         isa_now = _C.cpu_isa()
     except RuntimeError as e:  # a bad TORCHSPEED_CPU_ISA
         isa_now = f"error: {e}"
+    int8_path = None
+    if hasattr(_C, "cpu_int8_path"):
+        try:
+            int8_path = _C.cpu_int8_path()
+        except RuntimeError as e:  # a bad TORCHSPEED_CPU_ISA
+            int8_path = f"error: {e}"
+        amx = _C.cpu_amx_status()
+        if amx and not int8_path.startswith("error"):
+            int8_path = f"{int8_path} (no amx: {amx})"
     return {
         "torchspeed": built.get("version"),
         "torch_built_against": built.get("torch_version"),
@@ -42,6 +51,7 @@ def collect() -> dict:
         "cpu_isa_detected": _C.cpu_isa_detected(),
         "cpu_isa_selected": isa_now,
         "cpu_isa_env": os.environ.get("TORCHSPEED_CPU_ISA"),
+        "int8_path": int8_path,
         "cpu_model": cpu_model,
         "cpu_threads": torch.get_num_threads(),
         "features": built.get("features", []),

@@ -20,6 +20,9 @@ namespace {
 std::vector<const CpuKernelTable*> runnable_tables() {
   std::vector<const CpuKernelTable*> out;
   for (Isa isa : compiled_isas()) {
+    // avx512_vnni and amx share the avx512 unit's kernels except the int8 Linear's (tested in
+    // tests/cpp/quant and test_int8_linear.py).
+    if (isa == Isa::kAvx512Vnni || isa == Isa::kAmx) continue;
     if (const CpuKernelTable* t = cpu_kernels_for(isa)) out.push_back(t);
   }
   return out;

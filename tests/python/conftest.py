@@ -7,13 +7,17 @@ import torch
 
 import torchspeed
 
+# The levels every op's test runs on. avx512_vnni and amx differ from avx512 only in the int8
+# Linear's kernels, so only its tests run them (the `int8_path` fixture).
 _ORDER = ["scalar", "avx2", "avx512"]
+_ALL = _ORDER + ["avx512_vnni", "amx"]
+INT8_PATHS = ["scalar", "avx2", "avx512_vnni", "amx"]
 
 
 def runnable_isas():
     compiled = torchspeed._C.cpu_isas_compiled().split(",")
-    best = _ORDER.index(torchspeed._C.cpu_isa_detected())
-    return [isa for isa in _ORDER if isa in compiled and _ORDER.index(isa) <= best]
+    best = _ALL.index(torchspeed._C.cpu_isa_detected())
+    return [isa for isa in _ALL if isa in compiled and _ALL.index(isa) <= best]
 
 
 def pytest_report_header(config):
@@ -51,11 +55,22 @@ def device(request, monkeypatch):
     return "cpu"
 
 
+@pytest.fixture(params=INT8_PATHS)
+def int8_path(request, monkeypatch):
+    """Forces the ISA level whose int8 Linear kernels are `request.param` (the int8 tests run each
+    int8 path once; avx512 runs the avx2 one); skipped with the reason where it cannot run."""
+    _force_isa(request.param, monkeypatch)
+    assert torchspeed._C.cpu_int8_path() == request.param
+    return request.param
+
+
 def _force_isa(isa, monkeypatch):
     if isa not in runnable_isas():
+        amx = torchspeed._C.cpu_amx_status() if hasattr(torchspeed._C, "cpu_amx_status") else ""
         pytest.skip(
             f"CPU ISA {isa} not runnable here (compiled: "
             f"{torchspeed._C.cpu_isas_compiled()}, CPU: {torchspeed._C.cpu_isa_detected()})"
+            + (f"; amx: {amx}" if isa == "amx" and amx else "")
         )
     monkeypatch.setenv("TORCHSPEED_CPU_ISA", isa)
     assert torchspeed.cpu_isa() == isa

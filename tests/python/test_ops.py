@@ -137,7 +137,10 @@ def test_bad_inv_scale_and_bad_isa(monkeypatch):
     monkeypatch.setenv("TORCHSPEED_CPU_ISA", "sse9")
     with pytest.raises(
         RuntimeError,
-        match="TORCHSPEED_CPU_ISA must be one of auto, scalar, avx2, avx512, got 'sse9'",
+        match=(
+            "TORCHSPEED_CPU_ISA must be one of auto, scalar, avx2, avx512, avx512_vnni, amx, "
+            "got 'sse9'"
+        ),
     ):
         grad_stats([t])
 

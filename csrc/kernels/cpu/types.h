@@ -25,7 +25,8 @@ using kernels::OptimTensor;
 using kernels::StepScalars;
 
 /// The instruction sets a kernel is compiled for, slowest first.
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+/// kAvx512Vnni and kAmx run the avx512 unit's kernels except the int8 Linear's (VNNI / AMX-INT8).
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kAmx = 4 };
 
 /// Result of one grad_stats chunk: the sum of squares (after unscaling) and whether any element
 /// was inf or NaN before unscaling.
@@ -74,6 +75,70 @@ using QuantizeInt8Fn = bool (*)(DType in_dtype, const void* x, int8_t* q, int64_
 using DequantizeInt8Fn = void (*)(const int8_t* q, float* out, int64_t n, float scale,
                                   float zero_point);
 
+// ---- Quant: the int8 Linear (int8_gemm.h) -------------------------------------------------------
+
+/// The int8 GEMM's kernel paths; a CpuKernelTable names the one it runs (its int8_linear.path).
+enum class Int8Path : int32_t { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3 };
+
+/// The packed weight's layout, shared by every path: N padded to panels of kInt8PanelN output
+/// channels, K padded to kInt8KAlign (zeros); panel p holds, for each group g of 4 consecutive k,
+/// the 4 bytes w[16p + j, 4g .. 4g + 3] of its channels j = 0..15 (64 bytes per group: one
+/// vpdpbusd operand, 16 groups = one AMX B tile). Before the panels: int32 comp[n_pad] =
+/// 128 * sum_k w[n, k] (what the u8 x s8 paths subtract).
+constexpr int64_t kInt8PanelN = 16;
+constexpr int64_t kInt8KAlign = 64;
+
+/// What the op layer stores before the packed panels (64 bytes), checked by every GEMM call.
+struct Int8PackedHeader {
+  uint32_t magic;  // kInt8PackedMagic
+  int32_t version;
+  int32_t path;  // Int8Path the buffer was packed for
+  int32_t reserved;
+  int64_t n, k, n_pad, k_pad;
+  int64_t unused[2];
+};
+constexpr uint32_t kInt8PackedMagic = 0x38495354u;  // "TSI8"
+constexpr int32_t kInt8PackedVersion = 1;
+
+/// One int8 Linear call: acc[m, n] = sum_k a[m, k] * w[n, k] in exact int32, then
+/// out[m, n] = act(float(acc) * (a_scale[m] * w_scale[n]) + bias[n]) in fp32 (no FMA), act = ReLU
+/// (x < 0 ? 0 : x, NaN kept) when `relu`, stored as out_dtype (fp32/bf16/fp16, rounded once).
+struct Int8GemmArgs {
+  const int8_t* a;  // [m, lda] quantized rows, lda = k_pad, zero beyond k
+  int64_t lda;
+  const float* a_scale;  // [m]
+  const void* packed;    // the panels' body (comp, then panels), after the header
+  const float* w_scale;  // [n]
+  const float* bias;     // [n] or null
+  bool relu;
+  DType out_dtype;
+  void* out;  // [m, ldo]
+  int64_t ldo;
+  int64_t m, n, k, n_pad, k_pad;
+};
+
+/// Per-row dynamic quantization of x [rows, cols] (fp32/bf16/fp16, contiguous): scale[r] =
+/// absmax / 127 (1 when absmax == 0, NaN for a row holding inf/NaN), q = clamp(round_even(x *
+/// (1 / scale)), -127, 127) into rows of stride ldq (>= cols), zero-filled beyond cols (q of a
+/// non-finite row: 0). False for another dtype.
+using QuantizeRowsInt8Fn = bool (*)(DType in_dtype, const void* x, int64_t rows, int64_t cols,
+                                    int8_t* q, int64_t ldq, float* scale);
+/// Packs w [n, k] (int8 in [-127, 127], contiguous) into the body after the header.
+using Int8PackWeightFn = void (*)(const int8_t* w, int64_t n, int64_t k, int64_t n_pad,
+                                  int64_t k_pad, void* body);
+/// Computes the output rows [m0, m1) x columns [n0, n1) (n0 a multiple of kInt8PanelN).
+using Int8GemmFn = void (*)(const Int8GemmArgs& args, int64_t m0, int64_t m1, int64_t n0,
+                            int64_t n1);
+
+/// One path's int8 Linear kernels.
+struct Int8LinearKernels {
+  Int8Path path;
+  const char* name;  // "scalar", "avx2", "avx512_vnni", "amx"
+  QuantizeRowsInt8Fn quantize_rows;
+  Int8PackWeightFn pack_weight;
+  Int8GemmFn gemm;
+};
+
 // ---- The table ----------------------------------------------------------------------------------
 
 /// The optimizer area's kernels (torchspeed.optim, torchspeed.ops.grad_stats).
@@ -101,6 +166,7 @@ struct DistKernels {
 struct QuantKernels {
   QuantizeInt8Fn quantize_int8;
   DequantizeInt8Fn dequantize_int8;
+  Int8LinearKernels int8_linear;
 };
 
 /// Every CPU kernel of one ISA, grouped per area. One instance per ISA unit; see dispatch.h for

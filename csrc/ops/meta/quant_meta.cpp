@@ -1,5 +1,6 @@
-// Meta (shape-only) implementation of torchspeed::quantize_int8 and dequantize_int8: validates
-// and returns an empty result of the right shape and dtype. Also registered for the sparse keys.
+// Meta (shape-only) implementation of the quant ops (quantize_int8, dequantize_int8,
+// int8_pack_weight, int8_linear): validates and returns an empty result of the right shape and
+// dtype. Also registered for the sparse keys.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -18,11 +19,24 @@ at::Tensor dequantize_int8_meta(const DequantizeInt8Args& a) {
   return at::empty_symint(a.q.sym_sizes(), a.q.options().dtype(at::kFloat));
 }
 
+at::Tensor int8_pack_weight_meta(const Int8PackWeightArgs& a) {
+  validate(a);
+  return at::empty_symint({int8_packed_bytes(a.w.sym_size(0), a.w.sym_size(1))},
+                          a.w.options().dtype(at::kByte));
+}
+
+at::Tensor int8_linear_meta(const Int8LinearArgs& a) {
+  const SymInt8LinearShape s = validate(a);
+  return at::empty_symint(int8_linear_out_shape(a.x, s.n), a.x.options());
+}
+
 }  // namespace
 
 void register_quant_validators(torch::Library& m) {
   TORCHSPEED_OP_IMPL(m, QuantizeInt8Args, quantize_int8_meta);
   TORCHSPEED_OP_IMPL(m, DequantizeInt8Args, dequantize_int8_meta);
+  TORCHSPEED_OP_IMPL(m, Int8PackWeightArgs, int8_pack_weight_meta);
+  TORCHSPEED_OP_IMPL(m, Int8LinearArgs, int8_linear_meta);
 }
 
 TORCH_LIBRARY_IMPL(torchspeed, Meta, m) { register_quant_validators(m); }

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 
 #include "torchspeed/export.h"
 #include "torchspeed/ops/args.h"
@@ -33,6 +34,18 @@ TORCHSPEED_OP_ARGS(QuantizeInt8Args, "quantize_int8", at::Tensor, TORCHSPEED_QUA
 TORCHSPEED_OP_ARGS(DequantizeInt8Args, "dequantize_int8", at::Tensor,
                    TORCHSPEED_DEQUANTIZE_INT8_ARGS);
 
+#define TORCHSPEED_INT8_PACK_WEIGHT_ARGS(X) X(at::Tensor, w, {})
+TORCHSPEED_OP_ARGS(Int8PackWeightArgs, "int8_pack_weight", at::Tensor,
+                   TORCHSPEED_INT8_PACK_WEIGHT_ARGS);
+
+#define TORCHSPEED_INT8_LINEAR_ARGS(X)                \
+  X(at::Tensor, x, {})                                \
+  X(at::Tensor, packed_w, {})                         \
+  X(at::Tensor, w_scale, {})                          \
+  X(std::optional<at::Tensor>, bias, std::nullopt)    \
+  X(bool, relu, false)
+TORCHSPEED_OP_ARGS(Int8LinearArgs, "int8_linear", at::Tensor, TORCHSPEED_INT8_LINEAR_ARGS);
+
 /// q = clamp(round_half_even(x * (1 / scale)) + zero_point, -128, 127), int8, in fp32 arithmetic.
 TORCHSPEED_API at::Tensor quantize_int8(const at::Tensor& x, const at::Tensor& scale,
                                         const std::optional<at::Tensor>& zero_point = std::nullopt);
@@ -40,5 +53,25 @@ TORCHSPEED_API at::Tensor quantize_int8(const at::Tensor& x, const at::Tensor& s
 TORCHSPEED_API at::Tensor dequantize_int8(
     const at::Tensor& q, const at::Tensor& scale,
     const std::optional<at::Tensor>& zero_point = std::nullopt);
+
+/// The int8 Linear's CPU kernel path now ("scalar", "avx2", "avx512_vnni", "amx"), honouring
+/// TORCHSPEED_CPU_ISA (whose avx512 level runs the exact avx2 kernel: AVX-512 has no vpsignb).
+TORCHSPEED_API std::string cpu_int8_path();
+/// Why this process cannot run the amx path ("" when it can): the CPU, the build, or the OS
+/// refusing the AMX tile permission (then the best path is avx512_vnni).
+TORCHSPEED_API std::string cpu_amx_status();
+
+/// The int8 Linear's weight (int8 [N, K] in [-127, 127], per output channel) packed once into the
+/// CPU kernels' layout for the current int8 path (uint8, with a header naming path, N and K).
+/// CPU only: on CUDA, int8_linear takes the plain contiguous [N, K] weight.
+TORCHSPEED_API at::Tensor int8_pack_weight(const at::Tensor& w);
+/// out[..., n] = act(float(sum_k q[m, k] * w[n, k]) * (x_scale[m] * w_scale[n]) + bias[n]) with
+/// x's rows quantized per row (x_scale = absmax / 127), exact int32 sums, fp32 epilogue; ReLU when
+/// `relu`; out in x's dtype (float32, bfloat16 or float16). packed_w: int8_pack_weight's result on
+/// CPU, the int8 [N, K] weight on CUDA. w_scale: float32 [N]; bias: float32 [N] or none.
+TORCHSPEED_API at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_w,
+                                      const at::Tensor& w_scale,
+                                      const std::optional<at::Tensor>& bias = std::nullopt,
+                                      bool relu = false);
 
 }  // namespace torchspeed

@@ -95,4 +95,21 @@ def choose_qparams(
     return scale.contiguous(), zp.contiguous()
 
 
-__all__ = ["quantize_int8", "dequantize_int8", "choose_qparams"]
+from torchspeed.quant.linear import (  # noqa: E402
+    Int8Linear,
+    int8_linear,
+    int8_pack_weight,
+    int8_path,
+    quantize_dynamic,
+)
+
+__all__ = [
+    "quantize_int8",
+    "dequantize_int8",
+    "choose_qparams",
+    "Int8Linear",
+    "quantize_dynamic",
+    "int8_linear",
+    "int8_pack_weight",
+    "int8_path",
+]

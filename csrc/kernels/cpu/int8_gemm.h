@@ -1,0 +1,435 @@
+// The int8 Linear's CPU kernels: per-row dynamic quantization of the activations, the weight
+// packing, and the int8 GEMM with its fused fp32 epilogue, on four paths (types.h's Int8Path):
+//
+//   scalar       the reference loop.
+//   avx2         vpmaddubsw on |a| (u8) x sign(w, a) (s8): a pair sum is at most 2 * 128 * 127 =
+//                32512 < 32767, so it never saturates while w stays in [-127, 127]; vpmaddwd
+//                with ones widens the pairs to int32. Also the avx512 unit's path (AVX-512 has no
+//                vpsignb, and Skylake-SP has no VNNI).
+//   avx512_vnni  vpdpbusd on (a + 128) (u8) x w (s8), no intermediate saturation, minus the
+//                per-channel compensation 128 * sum_k w[n, k] stored at pack time.
+//   amx          AMX-INT8 tdpbssd on 32 x 32 blocks (s8 x s8 into int32 tiles); rows left over
+//                (fewer than 16) take the VNNI microkernel, which reads the same layout.
+//
+// Every path computes the same numbers bit for bit: the int32 accumulation is exact (the int32
+// sum of the products, wrapping arithmetic cancelling the u8 offset; exact while |acc| < 2^31,
+// which K <= 131072 guarantees), and the epilogue is the fp32 formula of types.h's Int8GemmArgs
+// (units are built with -ffp-contract=off). The packed layout is shared by all paths (types.h).
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/vec.h"
+
+namespace torchspeed::kernels::cpu {
+namespace TORCHSPEED_CPU_ISA_NAMESPACE {
+namespace int8 {
+
+// ---- Per-row dynamic quantization ---------------------------------------------------------------
+
+template <class V, typename In>
+void quantize_rows_typed(const In* x, int64_t rows, int64_t cols, int8_t* q, int64_t ldq,
+                         float* scale) {
+  using S = typename V::Scalar;
+  constexpr int64_t W = V::kWidth;
+  for (int64_t r = 0; r < rows; ++r) {
+    const In* xr = x + r * cols;
+    int8_t* qr = q + r * ldq;
+    // absmax (order-free), and a sum of |x| * 0 that is NaN iff the row holds inf or NaN.
+    V vmax(0.f), vbad(0.f);
+    S smax(0.f), sbad(0.f);
+    int64_t i = 0;
+    for (; i + W <= cols; i += W) {
+      const V ax = abs(V::load(xr + i));
+      vmax = max(vmax, ax);
+      vbad = vbad + ax * V(0.f);
+    }
+    for (; i < cols; ++i) {
+      const S ax = abs(S::load(xr + i));
+      smax = max(smax, ax);
+      sbad = sbad + ax * S(0.f);
+    }
+    alignas(64) float lanes[W];
+    vmax.store(lanes);
+    float amax = smax.v;
+    for (int64_t j = 0; j < W; ++j) amax = lanes[j] > amax ? lanes[j] : amax;
+    const float bad = static_cast<float>(vbad.reduce_add()) + sbad.v;
+    if (bad != 0.f) {  // NaN: a non-finite element
+      scale[r] = std::numeric_limits<float>::quiet_NaN();
+      std::memset(qr, 0, static_cast<size_t>(ldq));
+      continue;
+    }
+    const float s = amax == 0.f ? 1.f : amax / 127.f;
+    scale[r] = s;
+    const float inv_f = 1.f / s;
+    const V inv(inv_f), lo(-127.f), hi(127.f);
+    i = 0;
+    for (; i + W <= cols; i += W) min(max(round_even(V::load(xr + i) * inv), lo), hi).store(qr + i);
+    for (; i < cols; ++i) {
+      min(max(round_even(S::load(xr + i) * S(inv_f)), S(-127.f)), S(127.f)).store(qr + i);
+    }
+    if (ldq > cols) std::memset(qr + cols, 0, static_cast<size_t>(ldq - cols));
+  }
+}
+
+template <class V>
+bool quantize_rows(DType in_dtype, const void* x, int64_t rows, int64_t cols, int8_t* q,
+                   int64_t ldq, float* scale) {
+  switch (in_dtype) {
+    case DType::kFloat:
+      quantize_rows_typed<V>(static_cast<const float*>(x), rows, cols, q, ldq, scale);
+      return true;
+    case DType::kBFloat16:
+      quantize_rows_typed<V>(static_cast<const bf16*>(x), rows, cols, q, ldq, scale);
+      return true;
+    case DType::kHalf:
+      quantize_rows_typed<V>(static_cast<const fp16*>(x), rows, cols, q, ldq, scale);
+      return true;
+    default:
+      return false;
+  }
+}
+
+// ---- Packing (one layout for every path, see types.h) ------------------------------------------
+
+inline void pack_weight(const int8_t* w, int64_t n, int64_t k, int64_t n_pad, int64_t k_pad,
+                        void* body) {
+  int32_t* comp = static_cast<int32_t*>(body);
+  int8_t* panels = reinterpret_cast<int8_t*>(comp + n_pad);
+  std::memset(panels, 0, static_cast<size_t>(n_pad * k_pad));
+  for (int64_t r = 0; r < n_pad; ++r) {
+    uint32_t sum = 0;  // wrapping, like the GEMM's int32 lanes
+    if (r < n) {
+      const int8_t* src = w + r * k;
+      int8_t* dst = panels + (r / kInt8PanelN) * kInt8PanelN * k_pad + (r % kInt8PanelN) * 4;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        dst[(kk >> 2) * 64 + (kk & 3)] = src[kk];
+        sum += static_cast<uint32_t>(static_cast<int32_t>(src[kk]));
+      }
+    }
+    comp[r] = static_cast<int32_t>(sum * 128u);
+  }
+}
+
+inline const int32_t* packed_comp(const Int8GemmArgs& g) {
+  return static_cast<const int32_t*>(g.packed);
+}
+inline const int8_t* packed_panel(const Int8GemmArgs& g, int64_t n) {
+  return reinterpret_cast<const int8_t*>(packed_comp(g) + g.n_pad) + (n / kInt8PanelN) * kInt8PanelN * g.k_pad;
+}
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// ---- The epilogue -------------------------------------------------------------------------------
+
+#if defined(__AVX512F__)
+using EpiVec = VecAvx512;
+inline EpiVec load_acc(const int32_t* p) {
+  return EpiVec(_mm512_cvtepi32_ps(_mm512_loadu_si512(p)));
+}
+#elif defined(__AVX2__)
+using EpiVec = VecAvx2;
+inline EpiVec load_acc(const int32_t* p) {
+  return EpiVec(_mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+}
+#else
+using EpiVec = ScalarVec<float>;
+inline EpiVec load_acc(const int32_t* p) { return EpiVec(static_cast<float>(*p)); }
+#endif
+
+template <typename T>
+void epilogue_row_typed(const Int8GemmArgs& g, int64_t m, int64_t n0, int64_t cnt,
+                        const int32_t* acc) {
+  using V = EpiVec;
+  using S = typename V::Scalar;
+  constexpr int64_t W = V::kWidth;
+  T* out = static_cast<T*>(g.out) + m * g.ldo + n0;
+  const float as = g.a_scale[m];
+  const float* ws = g.w_scale + n0;
+  const float* bias = g.bias ? g.bias + n0 : nullptr;
+  int64_t j = 0;
+  const V vas(as), zero(0.f);
+  for (; j + W <= cnt; j += W) {
+    V y = load_acc(acc + j) * (vas * V::load(ws + j));
+    if (bias) y = y + V::load(bias + j);
+    if (g.relu) y = max(zero, y);
+    y.store(out + j);
+  }
+  for (; j < cnt; ++j) {
+    S y = S(static_cast<float>(acc[j])) * (S(as) * S(ws[j]));
+    if (bias) y = y + S(bias[j]);
+    if (g.relu) y = max(S(0.f), y);
+    y.store(out + j);
+  }
+}
+
+/// out[m, n0 .. n0 + cnt) from the int32 sums acc[0 .. cnt).
+inline void epilogue_row(const Int8GemmArgs& g, int64_t m, int64_t n0, int64_t cnt,
+                         const int32_t* acc) {
+  switch (g.out_dtype) {
+    case DType::kBFloat16:
+      epilogue_row_typed<bf16>(g, m, n0, cnt, acc);
+      break;
+    case DType::kHalf:
+      epilogue_row_typed<fp16>(g, m, n0, cnt, acc);
+      break;
+    default:
+      epilogue_row_typed<float>(g, m, n0, cnt, acc);
+      break;
+  }
+}
+
+// ---- scalar -------------------------------------------------------------------------------------
+
+inline void gemm_scalar(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  int32_t acc[kInt8PanelN];
+  for (int64_t n = n0; n < n1; n += kInt8PanelN) {
+    const int8_t* panel = packed_panel(g, n);
+    const int64_t cnt = std::min<int64_t>(kInt8PanelN, n1 - n);
+    for (int64_t m = m0; m < m1; ++m) {
+      const int8_t* a = g.a + m * g.lda;
+      for (int64_t j = 0; j < cnt; ++j) {
+        int32_t s = 0;
+        for (int64_t kk = 0; kk < g.k; ++kk) {
+          s += static_cast<int32_t>(a[kk]) * panel[(kk >> 2) * 64 + j * 4 + (kk & 3)];
+        }
+        acc[j] = s;
+      }
+      epilogue_row(g, m, n, cnt, acc);
+    }
+  }
+}
+
+// ---- avx2: |a| (u8) x sign(w, a) (s8), exact --------------------------------------------------
+
+#if defined(__AVX2__)
+/// acc[r][0 .. 16) = sum over k_pad of a[r, k] * w[panel channel, k], for MR rows.
+template <int MR>
+void avx2_block(const int8_t* a, int64_t lda, const int8_t* panel, int64_t groups,
+                int32_t (*acc)[kInt8PanelN]) {
+  __m256i c[MR][2];
+  for (int r = 0; r < MR; ++r) c[r][0] = c[r][1] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + gi * 64));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + gi * 64 + 32));
+    for (int r = 0; r < MR; ++r) {
+      const __m256i ab = _mm256_set1_epi32(load_i32(a + r * lda + gi * 4));
+      const __m256i au = _mm256_abs_epi8(ab);
+      const __m256i p0 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, ab));
+      const __m256i p1 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, ab));
+      c[r][0] = _mm256_add_epi32(c[r][0], _mm256_madd_epi16(p0, ones));
+      c[r][1] = _mm256_add_epi32(c[r][1], _mm256_madd_epi16(p1, ones));
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r]), c[r][0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r] + 8), c[r][1]);
+  }
+}
+
+inline void gemm_avx2(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  constexpr int MR = 4;
+  int32_t acc[MR][kInt8PanelN];
+  const int64_t groups = g.k_pad / 4;
+  for (int64_t n = n0; n < n1; n += kInt8PanelN) {
+    const int8_t* panel = packed_panel(g, n);
+    const int64_t cnt = std::min<int64_t>(kInt8PanelN, n1 - n);
+    int64_t m = m0;
+    for (; m + MR <= m1; m += MR) {
+      avx2_block<MR>(g.a + m * g.lda, g.lda, panel, groups, acc);
+      for (int r = 0; r < MR; ++r) epilogue_row(g, m + r, n, cnt, acc[r]);
+    }
+    for (; m < m1; ++m) {
+      avx2_block<1>(g.a + m * g.lda, g.lda, panel, groups, acc);
+      epilogue_row(g, m, n, cnt, acc[0]);
+    }
+  }
+}
+#endif
+
+// ---- avx512_vnni: (a + 128) (u8) x w (s8) - 128 * sum_k w ---------------------------------------
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+/// acc[r][b * 16 .. b * 16 + 16) for MR rows of `au` (a xor 0x80) and NB panels from `panel`.
+template <int MR, int NB>
+void vnni_block(const uint8_t* au, int64_t lda, const int8_t* panel, int64_t panel_stride,
+                const int32_t* comp, int64_t groups, int32_t* acc, int64_t ldacc) {
+  __m512i c[MR][NB];
+  for (int r = 0; r < MR; ++r) {
+    for (int b = 0; b < NB; ++b) c[r][b] = _mm512_setzero_si512();
+  }
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    __m512i w[NB];
+    for (int b = 0; b < NB; ++b) w[b] = _mm512_loadu_si512(panel + b * panel_stride + gi * 64);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i ab =
+          _mm512_set1_epi32(load_i32(reinterpret_cast<const int8_t*>(au) + r * lda + gi * 4));
+      for (int b = 0; b < NB; ++b) c[r][b] = _mm512_dpbusd_epi32(c[r][b], ab, w[b]);
+    }
+  }
+  for (int b = 0; b < NB; ++b) {
+    const __m512i cb = _mm512_loadu_si512(comp + b * kInt8PanelN);
+    for (int r = 0; r < MR; ++r) {
+      _mm512_storeu_si512(acc + r * ldacc + b * kInt8PanelN, _mm512_sub_epi32(c[r][b], cb));
+    }
+  }
+}
+
+/// a xor 0x80 (= a + 128 as u8) for rows [m0, m1), into a thread-local buffer.
+inline const uint8_t* offset_rows(const Int8GemmArgs& g, int64_t m0, int64_t m1) {
+  thread_local std::vector<uint8_t> buf;
+  const size_t bytes = static_cast<size_t>((m1 - m0) * g.lda);
+  if (buf.size() < bytes) buf.resize(bytes);
+  const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int8_t* src = g.a + m0 * g.lda;
+  for (size_t i = 0; i < bytes; i += 64) {  // lda is a multiple of 64
+    _mm512_storeu_si512(buf.data() + i, _mm512_xor_si512(_mm512_loadu_si512(src + i), x80));
+  }
+  return buf.data();
+}
+
+template <int MR>
+void vnni_rows(const Int8GemmArgs& g, const uint8_t* au, int64_t m, int64_t n, int64_t n1,
+               int32_t* acc, int64_t ldacc) {
+  const int64_t groups = g.k_pad / 4;
+  const int64_t stride = kInt8PanelN * g.k_pad;
+  const int32_t* comp = packed_comp(g) + n;
+  const int64_t panels = (std::min(n1, n + 3 * kInt8PanelN) - n + kInt8PanelN - 1) / kInt8PanelN;
+  const int8_t* panel = packed_panel(g, n);
+  if (panels == 3) {
+    vnni_block<MR, 3>(au, g.lda, panel, stride, comp, groups, acc, ldacc);
+  } else if (panels == 2) {
+    vnni_block<MR, 2>(au, g.lda, panel, stride, comp, groups, acc, ldacc);
+  } else {
+    vnni_block<MR, 1>(au, g.lda, panel, stride, comp, groups, acc, ldacc);
+  }
+}
+
+/// Rows [m0, m1) x columns [n0, n1) with the VNNI microkernels (MR = 8 rows x 3 panels).
+inline void gemm_vnni_rows(const Int8GemmArgs& g, const uint8_t* au, int64_t m0, int64_t m1,
+                           int64_t n0, int64_t n1) {
+  constexpr int MR = 8;
+  constexpr int64_t NC = 3 * kInt8PanelN;
+  int32_t acc[MR * NC];
+  for (int64_t n = n0; n < n1; n += NC) {
+    const int64_t cnt = std::min(NC, n1 - n);
+    int64_t m = m0;
+    for (; m + MR <= m1; m += MR) {
+      vnni_rows<MR>(g, au + (m - m0) * g.lda, m, n, n1, acc, NC);
+      for (int r = 0; r < MR; ++r) epilogue_row(g, m + r, n, cnt, acc + r * NC);
+    }
+    for (; m < m1; ++m) {
+      vnni_rows<1>(g, au + (m - m0) * g.lda, m, n, n1, acc, NC);
+      epilogue_row(g, m, n, cnt, acc);
+    }
+  }
+}
+
+inline void gemm_vnni(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  if (m1 <= m0) return;
+  gemm_vnni_rows(g, offset_rows(g, m0, m1), m0, m1, n0, n1);
+}
+#endif
+
+// ---- amx: tdpbssd on 32 x 32 blocks -------------------------------------------------------------
+
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__)
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+/// Tiles 0-3: C (2 x 2 of 16 x 16 int32), 4-5: A (16 rows x 64 k), 6-7: B (16 groups x 64 bytes).
+inline void amx_configure() {
+  TileConfig cfg{};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+/// acc (32 x 32 int32, row stride 32) = MT x 16 rows of a times NT panels.
+template <int MT, int NT>
+void amx_block(const int8_t* a, int64_t lda, const int8_t* panel, int64_t panel_stride,
+               int64_t chunks, int32_t* acc) {
+  _tile_zero(0);
+  if constexpr (NT == 2) _tile_zero(1);
+  if constexpr (MT == 2) _tile_zero(2);
+  if constexpr (MT == 2 && NT == 2) _tile_zero(3);
+  for (int64_t c = 0; c < chunks; ++c) {
+    _tile_loadd(4, a + c * 64, lda);
+    _tile_loadd(6, panel + c * 1024, 64);
+    if constexpr (MT == 2) _tile_loadd(5, a + 16 * lda + c * 64, lda);
+    if constexpr (NT == 2) _tile_loadd(7, panel + panel_stride + c * 1024, 64);
+    _tile_dpbssd(0, 4, 6);
+    if constexpr (NT == 2) _tile_dpbssd(1, 4, 7);
+    if constexpr (MT == 2) _tile_dpbssd(2, 5, 6);
+    if constexpr (MT == 2 && NT == 2) _tile_dpbssd(3, 5, 7);
+  }
+  _tile_stored(0, acc, 128);
+  if constexpr (NT == 2) _tile_stored(1, acc + 16, 128);
+  if constexpr (MT == 2) _tile_stored(2, acc + 16 * 32, 128);
+  if constexpr (MT == 2 && NT == 2) _tile_stored(3, acc + 16 * 32 + 16, 128);
+}
+
+inline void gemm_amx(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  if (m1 <= m0) return;
+  const int64_t full = m0 + (m1 - m0) / 16 * 16;  // rows the tiles take
+  if (full > m0) {
+    amx_configure();
+    alignas(64) int32_t acc[32 * 32];
+    const int64_t chunks = g.k_pad / 64;
+    const int64_t stride = kInt8PanelN * g.k_pad;
+    for (int64_t n = n0; n < n1; n += 2 * kInt8PanelN) {
+      const int64_t cnt = std::min<int64_t>(2 * kInt8PanelN, n1 - n);
+      const bool two = cnt > kInt8PanelN;
+      const int8_t* panel = packed_panel(g, n);
+      for (int64_t m = m0; m < full;) {
+        const int64_t rows = m + 32 <= full ? 32 : 16;
+        const int8_t* a = g.a + m * g.lda;
+        if (rows == 32) {
+          two ? amx_block<2, 2>(a, g.lda, panel, stride, chunks, acc)
+              : amx_block<2, 1>(a, g.lda, panel, stride, chunks, acc);
+        } else {
+          two ? amx_block<1, 2>(a, g.lda, panel, stride, chunks, acc)
+              : amx_block<1, 1>(a, g.lda, panel, stride, chunks, acc);
+        }
+        for (int64_t r = 0; r < rows; ++r) epilogue_row(g, m + r, n, cnt, acc + r * 32);
+        m += rows;
+      }
+    }
+    _tile_release();
+  }
+  if (full < m1) gemm_vnni(g, full, m1, n0, n1);
+}
+#endif
+
+/// The best int8 path this unit's flags compile.
+constexpr Int8LinearKernels int8_linear_kernels() {
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__)
+  return {Int8Path::kAmx, "amx", &quantize_rows<EpiVec>, &pack_weight, &gemm_amx};
+#elif defined(__AVX512VNNI__) && defined(__AVX512F__)
+  return {Int8Path::kAvx512Vnni, "avx512_vnni", &quantize_rows<EpiVec>, &pack_weight, &gemm_vnni};
+#elif defined(__AVX2__)
+  return {Int8Path::kAvx2, "avx2", &quantize_rows<EpiVec>, &pack_weight, &gemm_avx2};
+#else
+  return {Int8Path::kScalar, "scalar", &quantize_rows<EpiVec>, &pack_weight, &gemm_scalar};
+#endif
+}
+
+}  // namespace int8
+}  // namespace TORCHSPEED_CPU_ISA_NAMESPACE
+}  // namespace torchspeed::kernels::cpu
