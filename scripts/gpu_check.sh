@@ -115,6 +115,8 @@ step test_dist_cuda 90 "$PYTHON" -m pytest -q -rs -k "cuda or nccl" tests/python
 # int8 quantize/dequantize on the GPU (the `device` fixture's cuda variants) and their bench.
 step test_quant_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_quant.py
 step bench_quant 60 "$PYTHON" -m torchspeed.cli bench quant --quick --device cuda
+# The int8 Linear on CUDA (quantize_rows_int8 + int8_linear, bit-identical to the CPU kernels).
+step test_int8_linear_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_int8_linear.py
 
 # A CUDA graph that captured opt.step() + sched.step() follows the LR schedule on replay.
 step test_train_utils_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_train_utils.py

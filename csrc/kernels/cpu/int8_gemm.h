@@ -6,10 +6,11 @@
 //                32512 < 32767, so it never saturates while w stays in [-127, 127]; vpmaddwd
 //                with ones widens the pairs to int32. Also the avx512 unit's path (AVX-512 has no
 //                vpsignb, and Skylake-SP has no VNNI).
-//   avx512_vnni  vpdpbusd on (a + 128) (u8) x w (s8), no intermediate saturation, minus the
-//                per-channel compensation 128 * sum_k w[n, k] stored at pack time.
-//   amx          AMX-INT8 tdpbssd on 32 x 32 blocks (s8 x s8 into int32 tiles); rows left over
-//                (fewer than 16) take the VNNI microkernel, which reads the same layout.
+//   avx512_vnni  vpdpbusd on (a + 128) (u8, written so by the row quantization) x w (s8), no
+//                intermediate saturation, minus the per-channel compensation 128 * sum_k w[n, k]
+//                stored at pack time.
+//   amx          AMX-INT8 tdpbusd on 32 x 32 blocks (the same u8 rows and compensation as VNNI);
+//                rows left over (fewer than 16) take the VNNI microkernel.
 //
 // Every path computes the same numbers bit for bit: the int32 accumulation is exact (the int32
 // sum of the products, wrapping arithmetic cancelling the u8 offset; exact while |acc| < 2^31,
@@ -30,7 +31,8 @@ namespace int8 {
 
 // ---- Per-row dynamic quantization ---------------------------------------------------------------
 
-template <class V, typename In>
+/// The u8 x s8 paths (avx512_vnni, amx) store q xor 0x80 (= q + 128 as u8): kOffset.
+template <class V, bool kOffset, typename In>
 void quantize_rows_typed(const In* x, int64_t rows, int64_t cols, int8_t* q, int64_t ldq,
                          float* scale) {
   using S = typename V::Scalar;
@@ -72,21 +74,25 @@ void quantize_rows_typed(const In* x, int64_t rows, int64_t cols, int8_t* q, int
       min(max(round_even(S::load(xr + i) * S(inv_f)), S(-127.f)), S(127.f)).store(qr + i);
     }
     if (ldq > cols) std::memset(qr + cols, 0, static_cast<size_t>(ldq - cols));
+    if constexpr (kOffset) {
+      uint64_t* words = reinterpret_cast<uint64_t*>(qr);  // ldq is a multiple of 64
+      for (int64_t w = 0; w < ldq / 8; ++w) words[w] ^= 0x8080808080808080ull;
+    }
   }
 }
 
-template <class V>
+template <class V, bool kOffset = false>
 bool quantize_rows(DType in_dtype, const void* x, int64_t rows, int64_t cols, int8_t* q,
                    int64_t ldq, float* scale) {
   switch (in_dtype) {
     case DType::kFloat:
-      quantize_rows_typed<V>(static_cast<const float*>(x), rows, cols, q, ldq, scale);
+      quantize_rows_typed<V, kOffset>(static_cast<const float*>(x), rows, cols, q, ldq, scale);
       return true;
     case DType::kBFloat16:
-      quantize_rows_typed<V>(static_cast<const bf16*>(x), rows, cols, q, ldq, scale);
+      quantize_rows_typed<V, kOffset>(static_cast<const bf16*>(x), rows, cols, q, ldq, scale);
       return true;
     case DType::kHalf:
-      quantize_rows_typed<V>(static_cast<const fp16*>(x), rows, cols, q, ldq, scale);
+      quantize_rows_typed<V, kOffset>(static_cast<const fp16*>(x), rows, cols, q, ldq, scale);
       return true;
     default:
       return false;
@@ -283,19 +289,6 @@ void vnni_block(const uint8_t* au, int64_t lda, const int8_t* panel, int64_t pan
   }
 }
 
-/// a xor 0x80 (= a + 128 as u8) for rows [m0, m1), into a thread-local buffer.
-inline const uint8_t* offset_rows(const Int8GemmArgs& g, int64_t m0, int64_t m1) {
-  thread_local std::vector<uint8_t> buf;
-  const size_t bytes = static_cast<size_t>((m1 - m0) * g.lda);
-  if (buf.size() < bytes) buf.resize(bytes);
-  const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
-  const int8_t* src = g.a + m0 * g.lda;
-  for (size_t i = 0; i < bytes; i += 64) {  // lda is a multiple of 64
-    _mm512_storeu_si512(buf.data() + i, _mm512_xor_si512(_mm512_loadu_si512(src + i), x80));
-  }
-  return buf.data();
-}
-
 template <int MR>
 void vnni_rows(const Int8GemmArgs& g, const uint8_t* au, int64_t m, int64_t n, int64_t n1,
                int32_t* acc, int64_t ldacc) {
@@ -313,9 +306,10 @@ void vnni_rows(const Int8GemmArgs& g, const uint8_t* au, int64_t m, int64_t n, i
   }
 }
 
-/// Rows [m0, m1) x columns [n0, n1) with the VNNI microkernels (MR = 8 rows x 3 panels).
-inline void gemm_vnni_rows(const Int8GemmArgs& g, const uint8_t* au, int64_t m0, int64_t m1,
-                           int64_t n0, int64_t n1) {
+/// Rows [m0, m1) x columns [n0, n1) with the VNNI microkernels (MR = 8 rows x 3 panels); the
+/// rows hold q xor 0x80 (quantize_rows<V, true>).
+inline void gemm_vnni(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  const uint8_t* au = reinterpret_cast<const uint8_t*>(g.a);
   constexpr int MR = 8;
   constexpr int64_t NC = 3 * kInt8PanelN;
   int32_t acc[MR * NC];
@@ -323,23 +317,19 @@ inline void gemm_vnni_rows(const Int8GemmArgs& g, const uint8_t* au, int64_t m0,
     const int64_t cnt = std::min(NC, n1 - n);
     int64_t m = m0;
     for (; m + MR <= m1; m += MR) {
-      vnni_rows<MR>(g, au + (m - m0) * g.lda, m, n, n1, acc, NC);
+      vnni_rows<MR>(g, au + m * g.lda, m, n, n1, acc, NC);
       for (int r = 0; r < MR; ++r) epilogue_row(g, m + r, n, cnt, acc + r * NC);
     }
     for (; m < m1; ++m) {
-      vnni_rows<1>(g, au + (m - m0) * g.lda, m, n, n1, acc, NC);
+      vnni_rows<1>(g, au + m * g.lda, m, n, n1, acc, NC);
       epilogue_row(g, m, n, cnt, acc);
     }
   }
 }
 
-inline void gemm_vnni(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  if (m1 <= m0) return;
-  gemm_vnni_rows(g, offset_rows(g, m0, m1), m0, m1, n0, n1);
-}
 #endif
 
-// ---- amx: tdpbssd on 32 x 32 blocks -------------------------------------------------------------
+// ---- amx: tdpbusd on 32 x 32 blocks (u8 rows like VNNI, minus the same compensation) -------------------------------------------------------------
 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__)
 struct alignas(64) TileConfig {
@@ -374,10 +364,10 @@ void amx_block(const int8_t* a, int64_t lda, const int8_t* panel, int64_t panel_
     _tile_loadd(6, panel + c * 1024, 64);
     if constexpr (MT == 2) _tile_loadd(5, a + 16 * lda + c * 64, lda);
     if constexpr (NT == 2) _tile_loadd(7, panel + panel_stride + c * 1024, 64);
-    _tile_dpbssd(0, 4, 6);
-    if constexpr (NT == 2) _tile_dpbssd(1, 4, 7);
-    if constexpr (MT == 2) _tile_dpbssd(2, 5, 6);
-    if constexpr (MT == 2 && NT == 2) _tile_dpbssd(3, 5, 7);
+    _tile_dpbusd(0, 4, 6);
+    if constexpr (NT == 2) _tile_dpbusd(1, 4, 7);
+    if constexpr (MT == 2) _tile_dpbusd(2, 5, 6);
+    if constexpr (MT == 2 && NT == 2) _tile_dpbusd(3, 5, 7);
   }
   _tile_stored(0, acc, 128);
   if constexpr (NT == 2) _tile_stored(1, acc + 16, 128);
@@ -407,7 +397,12 @@ inline void gemm_amx(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, 
           two ? amx_block<1, 2>(a, g.lda, panel, stride, chunks, acc)
               : amx_block<1, 1>(a, g.lda, panel, stride, chunks, acc);
         }
-        for (int64_t r = 0; r < rows; ++r) epilogue_row(g, m + r, n, cnt, acc + r * 32);
+        const int32_t* comp = packed_comp(g) + n;
+        for (int64_t r = 0; r < rows; ++r) {
+          int32_t* row = acc + r * 32;
+          for (int j = 0; j < 32; ++j) row[j] -= comp[j];  // comp[n_pad) covers both panels
+          epilogue_row(g, m + r, n, cnt, row);
+        }
         m += rows;
       }
     }
@@ -420,9 +415,10 @@ inline void gemm_amx(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, 
 /// The best int8 path this unit's flags compile.
 constexpr Int8LinearKernels int8_linear_kernels() {
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__)
-  return {Int8Path::kAmx, "amx", &quantize_rows<EpiVec>, &pack_weight, &gemm_amx};
+  return {Int8Path::kAmx, "amx", &quantize_rows<EpiVec, true>, &pack_weight, &gemm_amx};
 #elif defined(__AVX512VNNI__) && defined(__AVX512F__)
-  return {Int8Path::kAvx512Vnni, "avx512_vnni", &quantize_rows<EpiVec>, &pack_weight, &gemm_vnni};
+  return {Int8Path::kAvx512Vnni, "avx512_vnni", &quantize_rows<EpiVec, true>, &pack_weight,
+          &gemm_vnni};
 #elif defined(__AVX2__)
   return {Int8Path::kAvx2, "avx2", &quantize_rows<EpiVec>, &pack_weight, &gemm_avx2};
 #else

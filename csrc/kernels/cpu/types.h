@@ -104,7 +104,7 @@ constexpr int32_t kInt8PackedVersion = 1;
 /// out[m, n] = act(float(acc) * (a_scale[m] * w_scale[n]) + bias[n]) in fp32 (no FMA), act = ReLU
 /// (x < 0 ? 0 : x, NaN kept) when `relu`, stored as out_dtype (fp32/bf16/fp16, rounded once).
 struct Int8GemmArgs {
-  const int8_t* a;  // [m, lda] quantized rows, lda = k_pad, zero beyond k
+  const int8_t* a;  // [m, lda] quantize_rows' output (lda >= k_pad, a multiple of 64)
   int64_t lda;
   const float* a_scale;  // [m]
   const void* packed;    // the panels' body (comp, then panels), after the header
@@ -119,8 +119,9 @@ struct Int8GemmArgs {
 
 /// Per-row dynamic quantization of x [rows, cols] (fp32/bf16/fp16, contiguous): scale[r] =
 /// absmax / 127 (1 when absmax == 0, NaN for a row holding inf/NaN), q = clamp(round_even(x *
-/// (1 / scale)), -127, 127) into rows of stride ldq (>= cols), zero-filled beyond cols (q of a
-/// non-finite row: 0). False for another dtype.
+/// (1 / scale)), -127, 127) into rows of stride ldq (>= cols, a multiple of 64), zero-filled
+/// beyond cols (q of a non-finite row: 0); the avx512_vnni and amx paths store q xor 0x80 (their
+/// u8 operand q + 128). False for another dtype.
 using QuantizeRowsInt8Fn = bool (*)(DType in_dtype, const void* x, int64_t rows, int64_t cols,
                                     int8_t* q, int64_t ldq, float* scale);
 /// Packs w [n, k] (int8 in [-127, 127], contiguous) into the body after the header.

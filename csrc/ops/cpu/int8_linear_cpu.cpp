@@ -87,7 +87,10 @@ at::Tensor int8_linear_cpu(const Int8LinearArgs& a) {
   if (m == 0) return out;
 
   const int64_t k_pad = h.k_pad;
-  at::Tensor q = at::empty({m, k_pad}, a.x.options().dtype(at::kChar));
+  // Quantized rows one cache line longer than K_pad: rows 4 KiB apart would alias in L1 (the
+  // microkernels read 8 to 32 rows at once).
+  const int64_t lda = k_pad + kc::kInt8KAlign;
+  at::Tensor q = at::empty({m, lda}, a.x.options().dtype(at::kChar));
   at::Tensor x_scale = at::empty({m}, a.x.options().dtype(at::kFloat));
   const auto dtype = kernel_dtype(a.x.scalar_type());
   const char* x = static_cast<const char*>(a.x.data_ptr());
@@ -96,7 +99,7 @@ at::Tensor int8_linear_cpu(const Int8LinearArgs& a) {
   float* sp = x_scale.data_ptr<float>();
   std::atomic<bool> ok{true};
   at::parallel_for(0, m, std::max<int64_t>(1, 32768 / k), [&](int64_t b, int64_t e) {
-    if (!k8.quantize_rows(dtype, x + b * row_bytes, e - b, k, qp + b * k_pad, k_pad, sp + b)) {
+    if (!k8.quantize_rows(dtype, x + b * row_bytes, e - b, k, qp + b * lda, lda, sp + b)) {
       ok = false;
     }
   });
@@ -104,7 +107,7 @@ at::Tensor int8_linear_cpu(const Int8LinearArgs& a) {
 
   kc::Int8GemmArgs g{};
   g.a = qp;
-  g.lda = k_pad;
+  g.lda = lda;
   g.a_scale = sp;
   g.packed = a.packed_w.data_ptr<uint8_t>() + sizeof(h);
   g.w_scale = a.w_scale.data_ptr<float>();
