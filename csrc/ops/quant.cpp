@@ -15,6 +15,18 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
   m.def("quantize_int8(Tensor x, Tensor scale, Tensor? zero_point=None) -> Tensor");
   // The inverse map, float32: (q - zero_point) * scale, with the same granularity rule.
   m.def("dequantize_int8(Tensor q, Tensor scale, Tensor? zero_point=None) -> Tensor");
+  // Fake quantization for quantization-aware training, in one pass over x (float32, bfloat16 or
+  // float16, contiguous), with quantize_int8's granularity rule, zero_point (int32 within
+  // [quant_min, quant_max]) or None, and -2^22 <= quant_min <= quant_max <= 2^22. In fp32:
+  //   v = round_half_even(x * (1 / scale)) + zero_point
+  //   y = (clamp(v, quant_min, quant_max) - zero_point) * scale     (stored in x's dtype)
+  //   mask = quant_min <= v <= quant_max                            (bool)
+  // which is torch.fake_quantize_per_{tensor,channel}_affine(_cachemask) bit for bit on float32
+  // (and its formula on x.float() for bf16/fp16). The straight-through gradient is grad_y * mask
+  // (torch.library.register_autograd in torchspeed/quant/fake_quant.py).
+  m.def(
+      "fake_quantize(Tensor x, Tensor scale, Tensor? zero_point=None, int quant_min=-128, "
+      "int quant_max=127) -> (Tensor, Tensor)");
 }
 
 namespace torchspeed {
@@ -27,6 +39,12 @@ at::Tensor quantize_int8(const at::Tensor& x, const at::Tensor& scale,
 at::Tensor dequantize_int8(const at::Tensor& q, const at::Tensor& scale,
                            const std::optional<at::Tensor>& zero_point) {
   return op_args::call(DequantizeInt8Args{q, scale, zero_point});
+}
+
+FakeQuantizeResult fake_quantize(const at::Tensor& x, const at::Tensor& scale,
+                                 const std::optional<at::Tensor>& zero_point, int64_t quant_min,
+                                 int64_t quant_max) {
+  return op_args::call(FakeQuantizeArgs{x, scale, zero_point, quant_min, quant_max});
 }
 
 }  // namespace torchspeed

@@ -1,4 +1,4 @@
-// The validators of the quant area's ops (quantize_int8, dequantize_int8), shared by their CPU,
+// The validators of the quant area's ops (quantize_int8, dequantize_int8, fake_quantize), shared by their CPU,
 // CUDA and Meta kernels, and the layout they derive: x as [rows, cols], scale's granularity.
 #pragma once
 
@@ -110,6 +110,43 @@ inline SymQuantLayout validate(const DequantizeInt8Args& a) {
                 ": q must be int8, got ", a.q.scalar_type());
   }
   return check_quant_args(DequantizeInt8Args::kName, "q", a.q, a.scale, a.zero_point);
+}
+
+/// fake_quantize's bound on |quant_min|, |quant_max|: every integer the formula forms (v, the
+/// clamp, v - zero_point) is then exact in fp32, so the result equals torch's int64/double one.
+inline constexpr int64_t kFakeQuantRangeLimit = int64_t{1} << 22;
+
+inline SymQuantLayout validate(const FakeQuantizeArgs& a) {
+  const char* op = FakeQuantizeArgs::kName;
+  if (a.x.defined()) {
+    const auto t = a.x.scalar_type();
+    TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, "torchspeed.", op,
+                ": x must be float32, bfloat16 or float16, got ", t);
+  }
+  TORCH_CHECK(a.quant_min >= -kFakeQuantRangeLimit && a.quant_max <= kFakeQuantRangeLimit &&
+                  a.quant_min <= a.quant_max,
+              "torchspeed.", op, ": quant_min <= quant_max must hold within [-2^22, 2^22], got [",
+              a.quant_min, ", ", a.quant_max, "]");
+  return check_quant_args(op, "x", a.x, a.scale, a.zero_point);
+}
+
+/// fake_quantize's values, read on the host (CPU only): every scale finite and > 0, every zero
+/// point within [quant_min, quant_max].
+inline void check_fake_quant_values(const FakeQuantizeArgs& a) {
+  const char* op = FakeQuantizeArgs::kName;
+  const float* s = a.scale.data_ptr<float>();
+  for (int64_t i = 0; i < a.scale.numel(); ++i) {
+    TORCH_CHECK(std::isfinite(s[i]) && s[i] > 0, "torchspeed.", op, ": scale[", i,
+                "] must be finite and > 0, got ", s[i]);
+  }
+  if (a.zero_point) {
+    const int32_t* z = a.zero_point->data_ptr<int32_t>();
+    for (int64_t i = 0; i < a.zero_point->numel(); ++i) {
+      TORCH_CHECK(z[i] >= a.quant_min && z[i] <= a.quant_max, "torchspeed.", op, ": zero_point[",
+                  i, "] must be in [quant_min, quant_max] = [", a.quant_min, ", ", a.quant_max,
+                  "], got ", z[i]);
+    }
+  }
 }
 
 }  // namespace torchspeed::ops

@@ -73,6 +73,12 @@ using QuantizeInt8Fn = bool (*)(DType in_dtype, const void* x, int8_t* q, int64_
 /// out = (q - zero_point) * scale over `n` contiguous elements, in fp32.
 using DequantizeInt8Fn = void (*)(const int8_t* q, float* out, int64_t n, float scale,
                                   float zero_point);
+/// Fake quantize `n` contiguous elements of fp32/bf16/fp16 `x` into `y` (same dtype):
+/// v = round_even(x * inv_scale) + zero_point, y = (clamp(v, quant_min, quant_max) - zero_point) *
+/// scale, mask = (quant_min <= v <= quant_max) as bytes 0/1; false for another dtype.
+using FakeQuantizeFn = bool (*)(DType dtype, const void* x, void* y, uint8_t* mask, int64_t n,
+                                float scale, float inv_scale, float zero_point, float quant_min,
+                                float quant_max);
 
 // ---- The table ----------------------------------------------------------------------------------
 
@@ -101,6 +107,7 @@ struct DistKernels {
 struct QuantKernels {
   QuantizeInt8Fn quantize_int8;
   DequantizeInt8Fn dequantize_int8;
+  FakeQuantizeFn fake_quantize;
 };
 
 /// Every CPU kernel of one ISA, grouped per area. One instance per ISA unit; see dispatch.h for

@@ -1,5 +1,6 @@
-// Meta (shape-only) implementation of torchspeed::quantize_int8 and dequantize_int8: validates
-// and returns an empty result of the right shape and dtype. Also registered for the sparse keys.
+// Meta (shape-only) implementation of torchspeed::quantize_int8, dequantize_int8 and
+// fake_quantize: validates and returns empty results of the right shapes and dtypes. Also
+// registered for the sparse keys.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -18,11 +19,18 @@ at::Tensor dequantize_int8_meta(const DequantizeInt8Args& a) {
   return at::empty_symint(a.q.sym_sizes(), a.q.options().dtype(at::kFloat));
 }
 
+FakeQuantizeResult fake_quantize_meta(const FakeQuantizeArgs& a) {
+  validate(a);
+  return {at::empty_symint(a.x.sym_sizes(), a.x.options()),
+          at::empty_symint(a.x.sym_sizes(), a.x.options().dtype(at::kBool))};
+}
+
 }  // namespace
 
 void register_quant_validators(torch::Library& m) {
   TORCHSPEED_OP_IMPL(m, QuantizeInt8Args, quantize_int8_meta);
   TORCHSPEED_OP_IMPL(m, DequantizeInt8Args, dequantize_int8_meta);
+  TORCHSPEED_OP_IMPL(m, FakeQuantizeArgs, fake_quantize_meta);
 }
 
 TORCH_LIBRARY_IMPL(torchspeed, Meta, m) { register_quant_validators(m); }

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <tuple>
 
 #include "torchspeed/export.h"
 #include "torchspeed/ops/args.h"
@@ -33,6 +34,18 @@ TORCHSPEED_OP_ARGS(QuantizeInt8Args, "quantize_int8", at::Tensor, TORCHSPEED_QUA
 TORCHSPEED_OP_ARGS(DequantizeInt8Args, "dequantize_int8", at::Tensor,
                    TORCHSPEED_DEQUANTIZE_INT8_ARGS);
 
+/// fake_quantize's outputs: (y in x's dtype, mask bool: where the straight-through gradient passes).
+using FakeQuantizeResult = std::tuple<at::Tensor, at::Tensor>;
+
+#define TORCHSPEED_FAKE_QUANTIZE_ARGS(X)                 \
+  X(at::Tensor, x, {})                                   \
+  X(at::Tensor, scale, {})                               \
+  X(std::optional<at::Tensor>, zero_point, std::nullopt) \
+  X(int64_t, quant_min, -128)                            \
+  X(int64_t, quant_max, 127)
+TORCHSPEED_OP_ARGS(FakeQuantizeArgs, "fake_quantize", FakeQuantizeResult,
+                   TORCHSPEED_FAKE_QUANTIZE_ARGS);
+
 /// q = clamp(round_half_even(x * (1 / scale)) + zero_point, -128, 127), int8, in fp32 arithmetic.
 TORCHSPEED_API at::Tensor quantize_int8(const at::Tensor& x, const at::Tensor& scale,
                                         const std::optional<at::Tensor>& zero_point = std::nullopt);
@@ -40,5 +53,15 @@ TORCHSPEED_API at::Tensor quantize_int8(const at::Tensor& x, const at::Tensor& s
 TORCHSPEED_API at::Tensor dequantize_int8(
     const at::Tensor& q, const at::Tensor& scale,
     const std::optional<at::Tensor>& zero_point = std::nullopt);
+
+/// Fake quantization (quantize then dequantize, in fp32, result in x's dtype):
+///   v = round_half_even(x * (1 / scale)) + zero_point
+///   y = (clamp(v, quant_min, quant_max) - zero_point) * scale,  mask = quant_min <= v <= quant_max
+/// torch.fake_quantize_per_{tensor,channel}_affine's formula (and its cachemask) bit for bit; the
+/// straight-through gradient is grad_y * mask (registered in Python, torchspeed.quant).
+TORCHSPEED_API FakeQuantizeResult fake_quantize(
+    const at::Tensor& x, const at::Tensor& scale,
+    const std::optional<at::Tensor>& zero_point = std::nullopt, int64_t quant_min = -128,
+    int64_t quant_max = 127);
 
 }  // namespace torchspeed
