@@ -27,6 +27,10 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
   m.def(
       "fake_quantize(Tensor x, Tensor scale, Tensor? zero_point=None, int quant_min=-128, "
       "int quant_max=127) -> (Tensor, Tensor)");
+  // Its backward in one pass: grad * mask (mask bool, grad's shape; grad float32, bfloat16 or
+  // float16, contiguous), the product with mask as 0.0 / 1.0 in grad's dtype, like torch's
+  // fake_quantize cachemask backward (`dY * mask`): inf or NaN where the mask is 0 give NaN.
+  m.def("fake_quantize_backward(Tensor grad, Tensor mask) -> Tensor");
 }
 
 namespace torchspeed {
@@ -45,6 +49,10 @@ FakeQuantizeResult fake_quantize(const at::Tensor& x, const at::Tensor& scale,
                                  const std::optional<at::Tensor>& zero_point, int64_t quant_min,
                                  int64_t quant_max) {
   return op_args::call(FakeQuantizeArgs{x, scale, zero_point, quant_min, quant_max});
+}
+
+at::Tensor fake_quantize_backward(const at::Tensor& grad, const at::Tensor& mask) {
+  return op_args::call(FakeQuantizeBackwardArgs{grad, mask});
 }
 
 }  // namespace torchspeed

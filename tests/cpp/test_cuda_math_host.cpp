@@ -177,9 +177,9 @@ TEST_CASE("CUDA fake-quant element math equals the CPU kernel bit for bit (y and
   std::vector<uint8_t> mask(n);
   for (int i = 0; i < n; ++i) x[i] = nd(rng) * 6.f;
   // ties, range edges, extremes, inf and NaN
-  const float special[] = {0.5f,   1.5f,     2.5f,      -0.5f, 126.5f, 127.5f, -128.5f,
-                           -127.5f, 1e30f,   -1e30f,    0.f,   -0.f,   INFINITY, -INFINITY,
-                           NAN,    255.49f, -255.51f, 3.4e38f};
+  const float special[] = {0.5f,     1.5f,      2.5f,  -0.5f,   126.5f,   127.5f,
+                           -128.5f,  -127.5f,   1e30f, -1e30f,  0.f,      -0.f,
+                           INFINITY, -INFINITY, NAN,   255.49f, -255.51f, 3.4e38f};
   for (size_t i = 0; i < sizeof(special) / sizeof(float); ++i) x[i] = special[i];
   int mismatches = 0;
   struct Q {

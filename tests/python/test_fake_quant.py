@@ -114,8 +114,12 @@ def test_per_channel_equals_torch_bit_for_bit(device, shape, qrange, symmetric):
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize(
     "shape,granularity,group",
-    [((2, 3, 64), "per_group", 16), ((5, 96), "per_group", 32), ((9, 40), "per_channel", 0),
-     ((4099,), "per_tensor", 0)],
+    [
+        ((2, 3, 64), "per_group", 16),
+        ((5, 96), "per_group", 32),
+        ((9, 40), "per_channel", 0),
+        ((4099,), "per_tensor", 0),
+    ],
     ids=str,
 )
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "zp"])
@@ -138,6 +142,32 @@ def test_every_dtype_and_granularity_equals_the_fp32_formula(
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_equals_torch_where_torch_runs_it(device, dtype):
+    x = make_x((40, 96), dtype, device, seed=12)
+    scale = (torch.rand(40, generator=torch.Generator().manual_seed(2)) * 0.1 + 0.01).to(device)
+    zp = torch.arange(-20, 20, dtype=torch.int32, device=device)
+    try:
+        want = torch.fake_quantize_per_channel_affine(x, scale, zp, 0, -128, 127)
+    except RuntimeError as e:  # older torch builds lack half-precision fake-quant
+        pytest.skip(f"torch has no {dtype} fake_quantize_per_channel_affine here: {e}")
+    same_bits(fake_quantize(x, scale, zp), want)
+
+
+def test_extremes_equal_torch(device):
+    x = torch.tensor(
+        [[1e30, -1e30, float("nan"), 3e38, -3e38, 126.5, 127.5, -128.5]], device=device
+    )
+    scale = torch.ones(1, device=device)
+    y, mask = torch.ops.torchspeed.fake_quantize(x, scale, None, -128, 127)
+    want_y, want_mask = torch.ops.aten.fake_quantize_per_tensor_affine_cachemask(
+        x, 1.0, 0, -128, 127
+    )
+    same_bits(y, want_y)
+    assert torch.equal(mask, want_mask)
+    assert y.cpu().tolist()[0][:3] == [127.0, -128.0, -128.0]
+
+
 def test_ste_gradient_is_exactly_grad_times_mask_and_equals_torch(device):
     x = make_x((33, 70), torch.float32, device, seed=5, spread=8.0).requires_grad_()
     scale = torch.full((33,), 0.05, device=device)
@@ -153,6 +183,22 @@ def test_ste_gradient_is_exactly_grad_times_mask_and_equals_torch(device):
         torch.fake_quantize_per_channel_affine(x2, scale, zp, 0, -128, 127), x2, g
     )
     same_bits(gx, gt)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16", "fp16"])
+def test_backward_op_equals_grad_times_mask_including_inf_and_nan(device, dtype):
+    gen = torch.Generator().manual_seed(8)
+    grad = torch.randn(3, 1000, generator=gen)
+    grad.view(-1)[:6] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0, 0.0, 5.0])
+    mask = torch.rand(3, 1000, generator=gen) > 0.3
+    mask.view(-1)[:6] = torch.tensor([False, True, False, False, True, False])
+    grad, mask = grad.to(dtype).to(device), mask.to(device)
+    out = torch.ops.torchspeed.fake_quantize_backward(grad, mask)
+    same_bits(out, grad * mask)  # torch's cachemask backward is `dY * mask`
+    with pytest.raises(RuntimeError, match="mask must have grad's shape"):
+        torch.ops.torchspeed.fake_quantize_backward(grad, mask[:2])
+    with pytest.raises(RuntimeError, match="mask must be a contiguous bool tensor"):
+        torch.ops.torchspeed.fake_quantize_backward(grad, mask.float())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -175,6 +221,10 @@ def test_opcheck_including_autograd():
     torch.library.opcheck(op, (x, scale, zp, -128, 127))
     torch.library.opcheck(op, (x.detach().bfloat16(), scale[:, 0].contiguous(), None, -8, 7))
     torch.library.opcheck(op, (x, torch.tensor([0.1]), None, -128, 127))
+    torch.library.opcheck(
+        torch.ops.torchspeed.fake_quantize_backward.default,
+        (torch.randn(6, 64), torch.rand(6, 64) > 0.5),
+    )
 
 
 def test_torch_compile_matches_eager():

@@ -1,7 +1,8 @@
 // The quant area's int8 kernels: affine quantize q = clamp(round_even(x * inv_scale) + zero_point,
-// -128, 127), dequantize x = (q - zero_point) * scale and fake quantize (both, with the clamp mask), over one contiguous segment that shares
-// its (scale, zero_point). fp32 arithmetic for every input dtype (bf16/fp16 are widened first),
-// so the result equals torch's reference formula on x.float() bit for bit.
+// -128, 127), dequantize x = (q - zero_point) * scale and fake quantize (both, with the clamp
+// mask), over one contiguous segment that shares its (scale, zero_point). fp32 arithmetic for every
+// input dtype (bf16/fp16 are widened first), so the result equals torch's reference formula on
+// x.float() bit for bit.
 #pragma once
 
 #include <type_traits>
@@ -62,6 +63,17 @@ void fake_quantize_segment(const In* x, In* y, uint8_t* mask, int64_t n, float s
   }
 }
 
+/// out = grad * mask over one segment (mask bytes 0 / 1 read as float 0 / 1): the STE backward.
+template <class V, typename T>
+void fake_quantize_backward_segment(const T* grad, const uint8_t* mask, T* out, int64_t n) {
+  using S = typename V::Scalar;
+  constexpr int64_t W = V::kWidth;
+  const auto* m = reinterpret_cast<const int8_t*>(mask);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) (V::load(grad + i) * V::load(m + i)).store(out + i);
+  for (; i < n; ++i) (S::load(grad + i) * S::load(m + i)).store(out + i);
+}
+
 /// The table's entries: quantize dispatches on the input dtype (fp32, bf16, fp16); false for
 /// another (the op's validator rejects it first).
 template <class V>
@@ -92,8 +104,8 @@ bool fake_quantize(DType dtype, const void* x, void* y, uint8_t* mask, int64_t n
                    float inv_scale, float zero_point, float quant_min, float quant_max) {
   switch (dtype) {
     case DType::kFloat:
-      fake_quantize_segment<V>(static_cast<const float*>(x), static_cast<float*>(y), mask, n,
-                               scale, inv_scale, zero_point, quant_min, quant_max);
+      fake_quantize_segment<V>(static_cast<const float*>(x), static_cast<float*>(y), mask, n, scale,
+                               inv_scale, zero_point, quant_min, quant_max);
       return true;
     case DType::kBFloat16:
       fake_quantize_segment<V>(static_cast<const bf16*>(x), static_cast<bf16*>(y), mask, n, scale,
@@ -102,6 +114,27 @@ bool fake_quantize(DType dtype, const void* x, void* y, uint8_t* mask, int64_t n
     case DType::kHalf:
       fake_quantize_segment<V>(static_cast<const fp16*>(x), static_cast<fp16*>(y), mask, n, scale,
                                inv_scale, zero_point, quant_min, quant_max);
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <class V>
+bool fake_quantize_backward(DType dtype, const void* grad, const uint8_t* mask, void* out,
+                            int64_t n) {
+  switch (dtype) {
+    case DType::kFloat:
+      fake_quantize_backward_segment<V>(static_cast<const float*>(grad), mask,
+                                        static_cast<float*>(out), n);
+      return true;
+    case DType::kBFloat16:
+      fake_quantize_backward_segment<V>(static_cast<const bf16*>(grad), mask,
+                                        static_cast<bf16*>(out), n);
+      return true;
+    case DType::kHalf:
+      fake_quantize_backward_segment<V>(static_cast<const fp16*>(grad), mask,
+                                        static_cast<fp16*>(out), n);
       return true;
     default:
       return false;

@@ -79,6 +79,10 @@ using DequantizeInt8Fn = void (*)(const int8_t* q, float* out, int64_t n, float 
 using FakeQuantizeFn = bool (*)(DType dtype, const void* x, void* y, uint8_t* mask, int64_t n,
                                 float scale, float inv_scale, float zero_point, float quant_min,
                                 float quant_max);
+/// out = grad * mask (mask bytes 0 / 1 as float 0 / 1) over `n` contiguous fp32/bf16/fp16
+/// elements, in grad's dtype: fake_quantize's backward; false for another dtype.
+using FakeQuantizeBackwardFn = bool (*)(DType dtype, const void* grad, const uint8_t* mask,
+                                        void* out, int64_t n);
 
 // ---- The table ----------------------------------------------------------------------------------
 
@@ -108,6 +112,7 @@ struct QuantKernels {
   QuantizeInt8Fn quantize_int8;
   DequantizeInt8Fn dequantize_int8;
   FakeQuantizeFn fake_quantize;
+  FakeQuantizeBackwardFn fake_quantize_backward;
 };
 
 /// Every CPU kernel of one ISA, grouped per area. One instance per ISA unit; see dispatch.h for

@@ -25,8 +25,8 @@ template <typename T>
 __global__ void fake_quantize_kernel(const T* __restrict__ x, T* __restrict__ y,
                                      uint8_t* __restrict__ mask, QuantLayout l,
                                      const float* __restrict__ scale,
-                                     const int32_t* __restrict__ zero_point, float qmin,
-                                     float qmax, int64_t n) {
+                                     const int32_t* __restrict__ zero_point, float qmin, float qmax,
+                                     int64_t n) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -40,7 +40,47 @@ __global__ void fake_quantize_kernel(const T* __restrict__ x, T* __restrict__ y,
   }
 }
 
+template <typename T>
+__global__ void fake_quantize_backward_kernel(const T* __restrict__ grad,
+                                              const uint8_t* __restrict__ mask, T* __restrict__ out,
+                                              int64_t n) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    out[i] = from_acc<T>(__fmul_rn(to_acc(grad[i]), mask[i] ? 1.f : 0.f));
+  }
+}
+
+int fq_grid(int64_t n, int threads) {
+  const int64_t want = (n + threads - 1) / threads;
+  return static_cast<int>(want < 8192 ? want : 8192);
+}
+
 }  // namespace
+
+cudaError_t fake_quantize_backward(DType dtype, const void* grad, const uint8_t* mask, void* out,
+                                   int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  const int blocks = fq_grid(n, kThreads);
+  switch (dtype) {
+    case DType::kFloat:
+      fake_quantize_backward_kernel<<<blocks, kThreads, 0, stream>>>(
+          static_cast<const float*>(grad), mask, static_cast<float*>(out), n);
+      break;
+    case DType::kBFloat16:
+      fake_quantize_backward_kernel<<<blocks, kThreads, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(grad), mask, static_cast<__nv_bfloat16*>(out), n);
+      break;
+    case DType::kHalf:
+      fake_quantize_backward_kernel<<<blocks, kThreads, 0, stream>>>(
+          static_cast<const __half*>(grad), mask, static_cast<__half*>(out), n);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
 
 cudaError_t fake_quantize(DType dtype, const void* x, void* y, uint8_t* mask, QuantLayout layout,
                           const float* scale, const int32_t* zero_point, float quant_min,
@@ -48,8 +88,7 @@ cudaError_t fake_quantize(DType dtype, const void* x, void* y, uint8_t* mask, Qu
   const int64_t n = layout.rows * layout.cols;
   if (n == 0) return cudaSuccess;
   constexpr int kThreads = 256;
-  const int64_t want = (n + kThreads - 1) / kThreads;
-  const int blocks = static_cast<int>(want < 8192 ? want : 8192);
+  const int blocks = fq_grid(n, kThreads);
   switch (dtype) {
     case DType::kFloat:
       fake_quantize_kernel<<<blocks, kThreads, 0, stream>>>(
@@ -58,8 +97,8 @@ cudaError_t fake_quantize(DType dtype, const void* x, void* y, uint8_t* mask, Qu
       break;
     case DType::kBFloat16:
       fake_quantize_kernel<<<blocks, kThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), mask, layout,
-          scale, zero_point, quant_min, quant_max, n);
+          static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), mask, layout, scale,
+          zero_point, quant_min, quant_max, n);
       break;
     case DType::kHalf:
       fake_quantize_kernel<<<blocks, kThreads, 0, stream>>>(

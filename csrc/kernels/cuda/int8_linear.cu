@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(kRowThreads)
   const T* xr = x + row * cols;
   int8_t* qr = q + row * cols;
   float m = 0.f;
-  for (int64_t k = threadIdx.x; k < cols; k += kRowThreads) m = max_gt(absmax_operand(to_acc(xr[k])), m);
+  for (int64_t k = threadIdx.x; k < cols; k += kRowThreads)
+    m = max_gt(absmax_operand(to_acc(xr[k])), m);
   // max is order-independent on non-NaN values (NaN became +inf above): any reduction tree gives
   // the CPU's result.
   for (int off = 16; off > 0; off >>= 1) m = max_gt(__shfl_xor_sync(0xffffffffu, m, off), m);
@@ -56,8 +57,8 @@ __global__ void __launch_bounds__(kRowThreads)
 // ---- int8_linear: tiles -------------------------------------------------------------------------
 
 constexpr int kBM = 128, kBN = 128, kBK = 64;
-constexpr int kStages = 2;  // double buffering: tile k + 1 loads while tile k is multiplied
-constexpr int kThreads = 256;     // 8 warps: 2 along M x 4 along N
+constexpr int kStages = 2;     // double buffering: tile k + 1 loads while tile k is multiplied
+constexpr int kThreads = 256;  // 8 warps: 2 along M x 4 along N
 constexpr int kWarpM = 64, kWarpN = 32;
 constexpr int kMTiles = kWarpM / 16, kNTiles = kWarpN / 8;
 // Shared rows padded from 64 to 80 bytes: the fragments' 32-bit loads (8 rows x 4 words per warp
@@ -94,8 +95,8 @@ __device__ __forceinline__ void cp_async_wait() {
 /// a shared tile (row stride kLds), zeros outside the matrix. kAligned: K % 16 == 0 and a 16-byte
 /// aligned base, so every 16-byte chunk is either wholly inside or wholly outside.
 template <bool kAligned>
-__device__ __forceinline__ void load_tile(int8_t* tile, const int8_t* __restrict__ g,
-                                          int64_t rows, int64_t K, int64_t row0, int64_t k0) {
+__device__ __forceinline__ void load_tile(int8_t* tile, const int8_t* __restrict__ g, int64_t rows,
+                                          int64_t K, int64_t row0, int64_t k0) {
   constexpr int kChunks = kBM * kBK / 16;  // 512 chunks of 16 bytes, 2 per thread
 #pragma unroll
   for (int c = threadIdx.x; c < kChunks; c += kThreads) {
@@ -114,7 +115,8 @@ __device__ __forceinline__ void load_tile(int8_t* tile, const int8_t* __restrict
   }
 }
 
-__device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+__device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4],
+                                       const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -145,8 +147,8 @@ __global__ void __launch_bounds__(kThreads)
                            const float* __restrict__ bias, bool relu, Out* __restrict__ out,
                            int64_t M, int64_t N, int64_t K) {
   __shared__ __align__(16) int8_t smem[kSmemBytes];
-  int8_t* a_tiles = smem;                           // kStages tiles of A
-  int8_t* b_tiles = smem + kStages * kTileBytes;    // kStages tiles of W
+  int8_t* a_tiles = smem;                         // kStages tiles of A
+  int8_t* b_tiles = smem + kStages * kTileBytes;  // kStages tiles of W
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -224,7 +226,8 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t m = m0 + wm + i * 16 + g + 8 * h;
         if (m >= M) continue;
         if (n < N) store_out(out, N, m, n, acc[i][j][2 * h], a_scale, w_scale, bias, relu);
-        if (n + 1 < N) store_out(out, N, m, n + 1, acc[i][j][2 * h + 1], a_scale, w_scale, bias, relu);
+        if (n + 1 < N)
+          store_out(out, N, m, n + 1, acc[i][j][2 * h + 1], a_scale, w_scale, bias, relu);
       }
     }
   }
@@ -259,8 +262,8 @@ cudaError_t launch_int8_linear(const int8_t* a, const float* a_scale, const int8
   if (major < 8) {
     if (M > 65535) return cudaErrorInvalidValue;
     const dim3 grid(static_cast<unsigned>((N + 127) / 128), static_cast<unsigned>(M));
-    int8_linear_simple_kernel<<<grid, 128, 0, stream>>>(a, a_scale, w, w_scale, bias, relu, out,
-                                                        M, N, K);
+    int8_linear_simple_kernel<<<grid, 128, 0, stream>>>(a, a_scale, w, w_scale, bias, relu, out, M,
+                                                        N, K);
     return cudaGetLastError();
   }
   const int64_t grid_m = (M + kBM - 1) / kBM, grid_n = (N + kBN - 1) / kBN;
@@ -287,16 +290,16 @@ cudaError_t quantize_rows_int8(DType in_dtype, const void* x, int64_t rows, int6
   const unsigned grid = static_cast<unsigned>(rows);
   switch (in_dtype) {
     case DType::kFloat:
-      quantize_rows_kernel<<<grid, kRowThreads, 0, stream>>>(static_cast<const float*>(x), cols,
-                                                             q, scale);
+      quantize_rows_kernel<<<grid, kRowThreads, 0, stream>>>(static_cast<const float*>(x), cols, q,
+                                                             scale);
       break;
     case DType::kBFloat16:
-      quantize_rows_kernel<<<grid, kRowThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(x), cols, q, scale);
+      quantize_rows_kernel<<<grid, kRowThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x),
+                                                             cols, q, scale);
       break;
     case DType::kHalf:
-      quantize_rows_kernel<<<grid, kRowThreads, 0, stream>>>(static_cast<const __half*>(x), cols,
-                                                             q, scale);
+      quantize_rows_kernel<<<grid, kRowThreads, 0, stream>>>(static_cast<const __half*>(x), cols, q,
+                                                             scale);
       break;
     default:
       return cudaErrorInvalidValue;
@@ -310,14 +313,14 @@ cudaError_t int8_linear(const int8_t* a, const float* a_scale, const int8_t* w,
   if (M < 1 || N < 1 || K < 1) return cudaErrorInvalidValue;
   switch (out_dtype) {
     case DType::kFloat:
-      return launch_int8_linear(a, a_scale, w, w_scale, bias, relu, static_cast<float*>(out), M,
-                                N, K, stream);
+      return launch_int8_linear(a, a_scale, w, w_scale, bias, relu, static_cast<float*>(out), M, N,
+                                K, stream);
     case DType::kBFloat16:
       return launch_int8_linear(a, a_scale, w, w_scale, bias, relu,
                                 static_cast<__nv_bfloat16*>(out), M, N, K, stream);
     case DType::kHalf:
-      return launch_int8_linear(a, a_scale, w, w_scale, bias, relu, static_cast<__half*>(out), M,
-                                N, K, stream);
+      return launch_int8_linear(a, a_scale, w, w_scale, bias, relu, static_cast<__half*>(out), M, N,
+                                K, stream);
     default:
       return cudaErrorInvalidValue;
   }

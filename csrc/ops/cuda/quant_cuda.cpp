@@ -1,6 +1,7 @@
 // CUDA implementation of torchspeed::quantize_int8, dequantize_int8 and fake_quantize: validates
 // (shapes and dtypes; scale and zero_point values stay on the device), then enqueues the
-// torch-free kernels (kernels/cuda/quant.cu, fake_quant.cu) on the current stream. No host synchronisation.
+// torch-free kernels (kernels/cuda/quant.cu, fake_quant.cu) on the current stream. No host
+// synchronisation.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -61,12 +62,26 @@ FakeQuantizeResult fake_quantize_cuda(const FakeQuantizeArgs& a) {
   return {y, mask};
 }
 
+at::Tensor fake_quantize_backward_cuda(const FakeQuantizeBackwardArgs& a) {
+  validate(a);
+  const c10::cuda::CUDAGuard guard(a.grad.device());
+  at::Tensor out = at::empty(a.grad.sizes(), a.grad.options());
+  const cudaError_t err = kc::fake_quantize_backward(
+      kernel_dtype(a.grad.scalar_type()), a.grad.numel() ? a.grad.data_ptr() : nullptr,
+      a.mask.numel() ? reinterpret_cast<const uint8_t*>(a.mask.data_ptr<bool>()) : nullptr,
+      out.numel() ? out.data_ptr() : nullptr, a.grad.numel(), c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess,
+              "torchspeed.fake_quantize_backward: CUDA launch failed: ", cudaGetErrorString(err));
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchspeed, CUDA, m) {
   TORCHSPEED_OP_IMPL(m, QuantizeInt8Args, quantize_int8_cuda);
   TORCHSPEED_OP_IMPL(m, DequantizeInt8Args, dequantize_int8_cuda);
   TORCHSPEED_OP_IMPL(m, FakeQuantizeArgs, fake_quantize_cuda);
+  TORCHSPEED_OP_IMPL(m, FakeQuantizeBackwardArgs, fake_quantize_backward_cuda);
 }
 
 }  // namespace torchspeed::ops

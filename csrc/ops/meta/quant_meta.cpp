@@ -25,12 +25,18 @@ FakeQuantizeResult fake_quantize_meta(const FakeQuantizeArgs& a) {
           at::empty_symint(a.x.sym_sizes(), a.x.options().dtype(at::kBool))};
 }
 
+at::Tensor fake_quantize_backward_meta(const FakeQuantizeBackwardArgs& a) {
+  validate(a);
+  return at::empty_symint(a.grad.sym_sizes(), a.grad.options());
+}
+
 }  // namespace
 
 void register_quant_validators(torch::Library& m) {
   TORCHSPEED_OP_IMPL(m, QuantizeInt8Args, quantize_int8_meta);
   TORCHSPEED_OP_IMPL(m, DequantizeInt8Args, dequantize_int8_meta);
   TORCHSPEED_OP_IMPL(m, FakeQuantizeArgs, fake_quantize_meta);
+  TORCHSPEED_OP_IMPL(m, FakeQuantizeBackwardArgs, fake_quantize_backward_meta);
 }
 
 TORCH_LIBRARY_IMPL(torchspeed, Meta, m) { register_quant_validators(m); }

@@ -34,7 +34,8 @@ TORCHSPEED_OP_ARGS(QuantizeInt8Args, "quantize_int8", at::Tensor, TORCHSPEED_QUA
 TORCHSPEED_OP_ARGS(DequantizeInt8Args, "dequantize_int8", at::Tensor,
                    TORCHSPEED_DEQUANTIZE_INT8_ARGS);
 
-/// fake_quantize's outputs: (y in x's dtype, mask bool: where the straight-through gradient passes).
+/// fake_quantize's outputs: (y in x's dtype, mask bool: where the straight-through gradient
+/// passes).
 using FakeQuantizeResult = std::tuple<at::Tensor, at::Tensor>;
 
 #define TORCHSPEED_FAKE_QUANTIZE_ARGS(X)                 \
@@ -45,6 +46,12 @@ using FakeQuantizeResult = std::tuple<at::Tensor, at::Tensor>;
   X(int64_t, quant_max, 127)
 TORCHSPEED_OP_ARGS(FakeQuantizeArgs, "fake_quantize", FakeQuantizeResult,
                    TORCHSPEED_FAKE_QUANTIZE_ARGS);
+
+#define TORCHSPEED_FAKE_QUANTIZE_BACKWARD_ARGS(X) \
+  X(at::Tensor, grad, {})                         \
+  X(at::Tensor, mask, {})
+TORCHSPEED_OP_ARGS(FakeQuantizeBackwardArgs, "fake_quantize_backward", at::Tensor,
+                   TORCHSPEED_FAKE_QUANTIZE_BACKWARD_ARGS);
 
 /// q = clamp(round_half_even(x * (1 / scale)) + zero_point, -128, 127), int8, in fp32 arithmetic.
 TORCHSPEED_API at::Tensor quantize_int8(const at::Tensor& x, const at::Tensor& scale,
@@ -59,9 +66,11 @@ TORCHSPEED_API at::Tensor dequantize_int8(
 ///   y = (clamp(v, quant_min, quant_max) - zero_point) * scale,  mask = quant_min <= v <= quant_max
 /// torch.fake_quantize_per_{tensor,channel}_affine's formula (and its cachemask) bit for bit; the
 /// straight-through gradient is grad_y * mask (registered in Python, torchspeed.quant).
-TORCHSPEED_API FakeQuantizeResult fake_quantize(
-    const at::Tensor& x, const at::Tensor& scale,
-    const std::optional<at::Tensor>& zero_point = std::nullopt, int64_t quant_min = -128,
-    int64_t quant_max = 127);
+TORCHSPEED_API FakeQuantizeResult
+fake_quantize(const at::Tensor& x, const at::Tensor& scale,
+              const std::optional<at::Tensor>& zero_point = std::nullopt, int64_t quant_min = -128,
+              int64_t quant_max = 127);
+/// fake_quantize's straight-through gradient: grad * mask (as float 0 / 1), in grad's dtype.
+TORCHSPEED_API at::Tensor fake_quantize_backward(const at::Tensor& grad, const at::Tensor& mask);
 
 }  // namespace torchspeed

@@ -22,6 +22,10 @@ BENCHMARKS = {
     "loader_gpu": ("loader_gpu", "H2D copy hidden behind compute, sync-free next() (CUDA)"),
     "profile": ("profile", "profiler ranges + always-on step overhead vs torch.profiler"),
     "quant": ("quant", "int8 quantize/dequantize vs torch's formula and torch.quantize_per_*"),
+    "int8_gemm_cuda": (
+        "int8_gemm_cuda",
+        "int8 Linear CUDA kernels vs bf16 matmul and torch._int_mm",
+    ),
     "ddp": ("ddp", "AccumulatingDDP vs torch DDP + no_sync vs no communication (2 Gloo ranks)"),
 }
 # What each benchmark needs beyond torch: pip install torchspeed[bench].

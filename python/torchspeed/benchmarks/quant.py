@@ -114,7 +114,7 @@ def _fake_quant_rows(h: Harness, x: torch.Tensor, gran: str) -> None:
         h.add(
             group,
             name,
-            lambda fq=fq: torch.autograd.grad(fq(xg), xg, grad),
+            lambda fq=fq: torch.autograd.grad(fq(), xg, grad),
             bytes_moved=18 * n,
             anchor=anchor,
         )

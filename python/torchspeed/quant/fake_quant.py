@@ -56,7 +56,14 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_y, grad_mask):
     (mask,) = ctx.saved_tensors
-    return grad_y * mask, None, None, None, None
+    # grad_y * mask in one pass (torch's `dY * mask` casts the bool mask on the fly, 2x slower)
+    return (
+        torch.ops.torchspeed.fake_quantize_backward(grad_y.contiguous(), mask),
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 if hasattr(torch.ops.torchspeed, "fake_quantize"):
@@ -101,18 +108,18 @@ class FakeQuantize(nn.Module):
         self.register_buffer("scale", torch.tensor([1.0], dtype=torch.float32))
         self.register_buffer("zero_point", torch.tensor([0], dtype=torch.int32))
 
-    def enable_fake_quant(self, enabled: bool = True) -> "FakeQuantize":
+    def enable_fake_quant(self, enabled: bool = True) -> FakeQuantize:
         self.fake_quant_enabled[0] = 1 if enabled else 0
         return self
 
-    def disable_fake_quant(self) -> "FakeQuantize":
+    def disable_fake_quant(self) -> FakeQuantize:
         return self.enable_fake_quant(False)
 
-    def enable_observer(self, enabled: bool = True) -> "FakeQuantize":
+    def enable_observer(self, enabled: bool = True) -> FakeQuantize:
         self.observer_enabled[0] = 1 if enabled else 0
         return self
 
-    def disable_observer(self) -> "FakeQuantize":
+    def disable_observer(self) -> FakeQuantize:
         return self.enable_observer(False)
 
     def calculate_qparams(self):

@@ -58,6 +58,7 @@ TEST_CASE("the quant ops' argument structs match their schemas") {
   torchspeed_test::check_against_schema<torchspeed::QuantizeInt8Args>();
   torchspeed_test::check_against_schema<torchspeed::DequantizeInt8Args>();
   torchspeed_test::check_against_schema<torchspeed::FakeQuantizeArgs>();
+  torchspeed_test::check_against_schema<torchspeed::FakeQuantizeBackwardArgs>();
 }
 
 TEST_CASE("fake_quantize from C++: y = dequantize(quantize(x)) in range, the mask marks it") {
