@@ -118,6 +118,14 @@ step bench_quant 60 "$PYTHON" -m torchspeed.cli bench quant --quick --device cud
 # The int8 Linear on CUDA (quantize_rows_int8 + int8_linear, bit-identical to the CPU kernels).
 step test_int8_linear_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_int8_linear.py
 
+# fake-quant on the GPU (the `device` fixture's cuda variants: bit for bit against torch), then the
+# int8 Linear's CUDA kernels (kernels/cuda/int8_linear.cu: row quantize + mma.sync int8 GEMM +
+# fused epilogue) bit for bit against an int64 reference through torch.ops.torchspeed.int8_linear,
+# and the int8 GEMM vs bf16 torch.matmul at 4096^3 (the full 8192^3 run: drop --quick).
+step test_fake_quant_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_fake_quant.py
+step test_int8_linear_cuda_kernels 90 "$PYTHON" -m pytest -q -rs tests/python/test_int8_linear_cuda_kernels.py
+step bench_int8_gemm_cuda 60 "$PYTHON" -m torchspeed.cli bench int8_gemm_cuda --quick
+
 # A CUDA graph that captured opt.step() + sched.step() follows the LR schedule on replay.
 step test_train_utils_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_train_utils.py
 

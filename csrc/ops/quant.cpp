@@ -27,6 +27,22 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
   m.def(
       "int8_linear(Tensor x, Tensor packed_w, Tensor w_scale, Tensor? bias=None, bool relu=False) "
       "-> Tensor");
+  // Fake quantization for quantization-aware training, in one pass over x (float32, bfloat16 or
+  // float16, contiguous), with quantize_int8's granularity rule, zero_point (int32 within
+  // [quant_min, quant_max]) or None, and -2^22 <= quant_min <= quant_max <= 2^22. In fp32:
+  //   v = round_half_even(x * (1 / scale)) + zero_point
+  //   y = (clamp(v, quant_min, quant_max) - zero_point) * scale     (stored in x's dtype)
+  //   mask = quant_min <= v <= quant_max                            (bool)
+  // which is torch.fake_quantize_per_{tensor,channel}_affine(_cachemask) bit for bit on float32
+  // (and its formula on x.float() for bf16/fp16). The straight-through gradient is grad_y * mask
+  // (torch.library.register_autograd in torchspeed/quant/fake_quant.py).
+  m.def(
+      "fake_quantize(Tensor x, Tensor scale, Tensor? zero_point=None, int quant_min=-128, "
+      "int quant_max=127) -> (Tensor, Tensor)");
+  // Its backward in one pass: grad * mask (mask bool, grad's shape; grad float32, bfloat16 or
+  // float16, contiguous), the product with mask as 0.0 / 1.0 in grad's dtype, like torch's
+  // fake_quantize cachemask backward (`dY * mask`): inf or NaN where the mask is 0 give NaN.
+  m.def("fake_quantize_backward(Tensor grad, Tensor mask) -> Tensor");
 }
 
 namespace torchspeed {
@@ -46,6 +62,16 @@ at::Tensor int8_pack_weight(const at::Tensor& w) { return op_args::call(Int8Pack
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed_w, const at::Tensor& w_scale,
                        const std::optional<at::Tensor>& bias, bool relu) {
   return op_args::call(Int8LinearArgs{x, packed_w, w_scale, bias, relu});
+}
+
+FakeQuantizeResult fake_quantize(const at::Tensor& x, const at::Tensor& scale,
+                                 const std::optional<at::Tensor>& zero_point, int64_t quant_min,
+                                 int64_t quant_max) {
+  return op_args::call(FakeQuantizeArgs{x, scale, zero_point, quant_min, quant_max});
+}
+
+at::Tensor fake_quantize_backward(const at::Tensor& grad, const at::Tensor& mask) {
+  return op_args::call(FakeQuantizeBackwardArgs{grad, mask});
 }
 
 }  // namespace torchspeed

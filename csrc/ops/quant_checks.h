@@ -1,5 +1,6 @@
-// The validators of the quant area's ops (quantize_int8, dequantize_int8), shared by their CPU,
-// CUDA and Meta kernels, and the layout they derive: x as [rows, cols], scale's granularity.
+// The validators of the quant area's ops (quantize_int8, dequantize_int8, fake_quantize, the int8
+// Linear), shared by their CPU, CUDA and Meta kernels, and the layout they derive: x as [rows,
+// cols], scale's granularity.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -206,6 +207,61 @@ inline std::vector<c10::SymInt> int8_linear_out_shape(const at::Tensor& x, const
   std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end());
   shape.back() = n;
   return shape;
+}
+
+/// fake_quantize's bound on |quant_min|, |quant_max|: every integer the formula forms (v, the
+/// clamp, v - zero_point) is then exact in fp32, so the result equals torch's int64/double one.
+inline constexpr int64_t kFakeQuantRangeLimit = int64_t{1} << 22;
+
+inline SymQuantLayout validate(const FakeQuantizeArgs& a) {
+  const char* op = FakeQuantizeArgs::kName;
+  if (a.x.defined()) {
+    const auto t = a.x.scalar_type();
+    TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, "torchspeed.", op,
+                ": x must be float32, bfloat16 or float16, got ", t);
+  }
+  TORCH_CHECK(a.quant_min >= -kFakeQuantRangeLimit && a.quant_max <= kFakeQuantRangeLimit &&
+                  a.quant_min <= a.quant_max,
+              "torchspeed.", op, ": quant_min <= quant_max must hold within [-2^22, 2^22], got [",
+              a.quant_min, ", ", a.quant_max, "]");
+  return check_quant_args(op, "x", a.x, a.scale, a.zero_point);
+}
+
+inline void validate(const FakeQuantizeBackwardArgs& a) {
+  const char* op = FakeQuantizeBackwardArgs::kName;
+  TORCH_CHECK(a.grad.defined() && a.grad.layout() == at::kStrided, "torchspeed.", op,
+              ": grad must be a dense tensor");
+  const auto t = a.grad.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, "torchspeed.", op,
+              ": grad must be float32, bfloat16 or float16, got ", t);
+  TORCH_CHECK(a.grad.is_contiguous(), "torchspeed.", op, ": grad must be contiguous");
+  TORCH_CHECK(a.mask.defined() && a.mask.layout() == at::kStrided &&
+                  a.mask.scalar_type() == at::kBool && a.mask.is_contiguous(),
+              "torchspeed.", op, ": mask must be a contiguous bool tensor, got ",
+              a.mask.defined() ? c10::toString(a.mask.scalar_type()) : "None");
+  TORCH_CHECK(a.mask.sym_sizes() == a.grad.sym_sizes(), "torchspeed.", op,
+              ": mask must have grad's shape ", a.grad.sym_sizes(), ", got ", a.mask.sym_sizes());
+  TORCH_CHECK(a.mask.device() == a.grad.device(), "torchspeed.", op, ": mask must be on ",
+              a.grad.device(), " like grad, got ", a.mask.device());
+}
+
+/// fake_quantize's values, read on the host (CPU only): every scale finite and > 0, every zero
+/// point within [quant_min, quant_max].
+inline void check_fake_quant_values(const FakeQuantizeArgs& a) {
+  const char* op = FakeQuantizeArgs::kName;
+  const float* s = a.scale.data_ptr<float>();
+  for (int64_t i = 0; i < a.scale.numel(); ++i) {
+    TORCH_CHECK(std::isfinite(s[i]) && s[i] > 0, "torchspeed.", op, ": scale[", i,
+                "] must be finite and > 0, got ", s[i]);
+  }
+  if (a.zero_point) {
+    const int32_t* z = a.zero_point->data_ptr<int32_t>();
+    for (int64_t i = 0; i < a.zero_point->numel(); ++i) {
+      TORCH_CHECK(z[i] >= a.quant_min && z[i] <= a.quant_max, "torchspeed.", op, ": zero_point[", i,
+                  "] must be in [quant_min, quant_max] = [", a.quant_min, ", ", a.quant_max,
+                  "], got ", z[i]);
+    }
+  }
 }
 
 }  // namespace torchspeed::ops

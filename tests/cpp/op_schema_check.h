@@ -22,6 +22,7 @@ inline c10::IValue as_ivalue(const std::optional<at::Tensor>& t) {
 }
 inline c10::IValue as_ivalue(double d) { return c10::IValue(d); }
 inline c10::IValue as_ivalue(bool b) { return c10::IValue(b); }
+inline c10::IValue as_ivalue(int64_t i) { return c10::IValue(i); }
 
 template <class Args>
 void check_against_schema() {

@@ -1,9 +1,12 @@
-// The CUDA kernels' per-element math (kernels/cuda/optim_math.cuh, built here for the host with
-// -ffp-contract=off) against the CPU kernel templates (kernels/cpu/optim.h, scalar lanes), bit for
-// bit, for every optimizer and every flag combination. Both take their per-tensor scalars from the
-// one step_scalars() (kernels/common/step_scalars.h), so this isolates the element math; it runs
-// without a GPU or the CUDA toolkit.
+// The CUDA kernels' per-element math (kernels/cuda/optim_math.cuh, quant_math.cuh), built here for
+// the host with -ffp-contract=off, against the CPU kernel templates (kernels/cpu/optim.h, quant.h,
+// scalar lanes), bit for bit: every optimizer and flag combination (both take their per-tensor
+// scalars from the one step_scalars(), kernels/common/step_scalars.h, so this isolates the element
+// math), fake-quant, and the int8 Linear's row scale, rounding and epilogue against api.cuh's
+// formula. It runs without a GPU or the CUDA toolkit.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -11,7 +14,9 @@
 #include "catch_shim.h"
 #include "kernels/common/step_scalars.h"
 #include "kernels/cpu/optim.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cuda/optim_math.cuh"
+#include "kernels/cuda/quant_math.cuh"
 
 namespace {
 
@@ -160,5 +165,92 @@ TEST_CASE("CUDA element math equals the CPU kernels bit for bit, every optimizer
       }
     }
   }
+  CHECK(mismatches == 0);
+}
+
+TEST_CASE("CUDA fake-quant element math equals the CPU kernel bit for bit (y and mask)") {
+  namespace isa = cpu::TORCHSPEED_CPU_ISA_NAMESPACE;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  const int n = 4096;
+  std::vector<float> x(n), y(n);
+  std::vector<uint8_t> mask(n);
+  for (int i = 0; i < n; ++i) x[i] = nd(rng) * 6.f;
+  // ties, range edges, extremes, inf and NaN
+  const float special[] = {0.5f,     1.5f,      2.5f,  -0.5f,   126.5f,   127.5f,
+                           -128.5f,  -127.5f,   1e30f, -1e30f,  0.f,      -0.f,
+                           INFINITY, -INFINITY, NAN,   255.49f, -255.51f, 3.4e38f};
+  for (size_t i = 0; i < sizeof(special) / sizeof(float); ++i) x[i] = special[i];
+  int mismatches = 0;
+  struct Q {
+    float scale, zp, qmin, qmax;
+  };
+  for (const Q q : {Q{1.f, 0.f, -128.f, 127.f}, Q{0.037f, -5.f, -128.f, 127.f},
+                    Q{0.5f, 128.f, 0.f, 255.f}, Q{3.1f, 0.f, -8.f, 7.f}}) {
+    const float inv = 1.0f / q.scale;
+    isa::fake_quantize_segment<V>(x.data(), y.data(), mask.data(), n, q.scale, inv, q.zp, q.qmin,
+                                  q.qmax);
+    for (int i = 0; i < n; ++i) {
+      bool in_range = false;
+      const float v = cu::fake_quant_element(x[i], q.scale, inv, q.zp, q.qmin, q.qmax, in_range);
+      if ((!same(v, y[i]) || in_range != (mask[i] == 1)) && mismatches++ < 10) {
+        UNSCOPED_INFO("x " << x[i] << ": cpu " << y[i] << "/" << int(mask[i]) << " cuda " << v
+                           << "/" << in_range);
+      }
+    }
+  }
+  CHECK(mismatches == 0);
+}
+
+// The int8 Linear's element math against the formula of kernels/cuda/api.cuh's contract, written
+// out here in plain scalar C++ (the CPU kernels implement the same formula).
+TEST_CASE("CUDA int8 Linear element math equals the contract's formula bit for bit") {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  // row scale: absmax / 127 in fp32, 1 for an all-zero row, NaN for a row with inf or NaN
+  CHECK(cu::row_scale_int8(0.f) == 1.f);
+  CHECK(std::isnan(cu::row_scale_int8(cu::absmax_operand(INFINITY))));
+  CHECK(std::isnan(cu::row_scale_int8(cu::absmax_operand(NAN))));
+  CHECK(cu::absmax_operand(-3.f) == 3.f);
+  int mismatches = 0;
+  for (int r = 0; r < 200; ++r) {
+    std::vector<float> row(67);
+    float absmax = 0.f, cuda_absmax = 0.f;
+    for (auto& v : row) {
+      v = nd(rng) * (r % 7 == 0 ? 1e-20f : 3.f);
+      absmax = std::max(absmax, std::fabs(v));
+      cuda_absmax = k::max_gt(cu::absmax_operand(v), cuda_absmax);
+    }
+    CHECK(same(absmax, cuda_absmax));
+    const float scale = absmax / 127.f;  // the contract
+    CHECK(same(cu::row_scale_int8(cuda_absmax), scale));
+    const float inv = 1.f / scale;
+    for (float v : row) {
+      const float want = std::min(std::max(std::nearbyint(v * inv), -127.f), 127.f);
+      if (cu::quantize_row_element(v, inv) != static_cast<int8_t>(want) && mismatches++ < 10) {
+        UNSCOPED_INFO("quantize " << v << " * " << inv);
+      }
+    }
+  }
+  // ties to even, saturation at +-127 (never -128)
+  CHECK(cu::quantize_row_element(2.5f, 1.f) == 2);
+  CHECK(cu::quantize_row_element(-3.5f, 1.f) == -4);
+  CHECK(cu::quantize_row_element(-200.f, 1.f) == -127);
+  CHECK(cu::quantize_row_element(127.5f, 1.f) == 127);
+  // epilogue: act(float(acc) * (a_scale * w_scale) + bias), no fma, ReLU keeps NaN
+  std::uniform_int_distribution<int32_t> acc_dist(-2000000000, 2000000000);
+  for (int i = 0; i < 20000; ++i) {
+    const int32_t acc = i < 10 ? (i - 5) : acc_dist(rng);
+    const float as = std::fabs(nd(rng)) * 1e-2f, ws = std::fabs(nd(rng)) * 1e-3f, b = nd(rng);
+    const bool has_bias = i % 3 != 0, relu = i % 2 == 0;
+    float want = static_cast<float>(acc) * (as * ws);
+    if (has_bias) want = want + b;
+    if (relu && want < 0.f) want = 0.f;
+    if (!same(cu::int8_linear_epilogue(acc, as, ws, b, has_bias, relu), want) &&
+        mismatches++ < 10) {
+      UNSCOPED_INFO("epilogue acc " << acc);
+    }
+  }
+  CHECK(std::isnan(cu::int8_linear_epilogue(1, NAN, 1.f, 0.f, false, true)));
   CHECK(mismatches == 0);
 }

@@ -74,6 +74,16 @@ using QuantizeInt8Fn = bool (*)(DType in_dtype, const void* x, int8_t* q, int64_
 /// out = (q - zero_point) * scale over `n` contiguous elements, in fp32.
 using DequantizeInt8Fn = void (*)(const int8_t* q, float* out, int64_t n, float scale,
                                   float zero_point);
+/// Fake quantize `n` contiguous elements of fp32/bf16/fp16 `x` into `y` (same dtype):
+/// v = round_even(x * inv_scale) + zero_point, y = (clamp(v, quant_min, quant_max) - zero_point) *
+/// scale, mask = (quant_min <= v <= quant_max) as bytes 0/1; false for another dtype.
+using FakeQuantizeFn = bool (*)(DType dtype, const void* x, void* y, uint8_t* mask, int64_t n,
+                                float scale, float inv_scale, float zero_point, float quant_min,
+                                float quant_max);
+/// out = grad * mask (mask bytes 0 / 1 as float 0 / 1) over `n` contiguous fp32/bf16/fp16
+/// elements, in grad's dtype: fake_quantize's backward; false for another dtype.
+using FakeQuantizeBackwardFn = bool (*)(DType dtype, const void* grad, const uint8_t* mask,
+                                        void* out, int64_t n);
 
 // ---- Quant: the int8 Linear (int8_gemm.h) -------------------------------------------------------
 
@@ -167,6 +177,8 @@ struct DistKernels {
 struct QuantKernels {
   QuantizeInt8Fn quantize_int8;
   DequantizeInt8Fn dequantize_int8;
+  FakeQuantizeFn fake_quantize;
+  FakeQuantizeBackwardFn fake_quantize_backward;
   Int8LinearKernels int8_linear;
 };
 

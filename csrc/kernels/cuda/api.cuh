@@ -91,6 +91,18 @@ cudaError_t quantize_int8(DType in_dtype, const void* x, int8_t* q, QuantLayout 
 cudaError_t dequantize_int8(const int8_t* q, float* out, QuantLayout layout, const float* scale,
                             const int32_t* zero_point, cudaStream_t stream);
 
+/// Fake quantization (fake_quant.cu), fp32/bf16/fp16 x into y of the same dtype, in fp32:
+///   v = round_half_even(x * (1 / scale[s])) + zero_point[s] (zero_point may be null: 0)
+///   y = (clamp(v, quant_min, quant_max) - zero_point[s]) * scale[s], mask = quant_min <= v <=
+///   quant_max
+/// (mask: bytes 0/1, a bool tensor's storage). The CPU kernels' and torch's numbers bit for bit.
+cudaError_t fake_quantize(DType dtype, const void* x, void* y, uint8_t* mask, QuantLayout layout,
+                          const float* scale, const int32_t* zero_point, float quant_min,
+                          float quant_max, cudaStream_t stream);
+/// out = grad * mask (mask bytes 0 / 1 as 0.0 / 1.0), n elements of fp32/bf16/fp16 grad.
+cudaError_t fake_quantize_backward(DType dtype, const void* grad, const uint8_t* mask, void* out,
+                                   int64_t n, cudaStream_t stream);
+
 // ---- quant: the int8 Linear (dynamic per-row activations, per-channel int8 weights) -------------
 // The CPU kernels (kernels/cpu/int8_gemm.h) compute the same numbers bit for bit: the row scale,
 // the rounding, the exact int32 accumulation and the fp32 epilogue below, in this order, with no

@@ -15,6 +15,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "torchspeed/export.h"
 #include "torchspeed/ops/args.h"
@@ -46,6 +47,25 @@ TORCHSPEED_OP_ARGS(Int8PackWeightArgs, "int8_pack_weight", at::Tensor,
   X(bool, relu, false)
 TORCHSPEED_OP_ARGS(Int8LinearArgs, "int8_linear", at::Tensor, TORCHSPEED_INT8_LINEAR_ARGS);
 
+/// fake_quantize's outputs: (y in x's dtype, mask bool: where the straight-through gradient
+/// passes).
+using FakeQuantizeResult = std::tuple<at::Tensor, at::Tensor>;
+
+#define TORCHSPEED_FAKE_QUANTIZE_ARGS(X)                 \
+  X(at::Tensor, x, {})                                   \
+  X(at::Tensor, scale, {})                               \
+  X(std::optional<at::Tensor>, zero_point, std::nullopt) \
+  X(int64_t, quant_min, -128)                            \
+  X(int64_t, quant_max, 127)
+TORCHSPEED_OP_ARGS(FakeQuantizeArgs, "fake_quantize", FakeQuantizeResult,
+                   TORCHSPEED_FAKE_QUANTIZE_ARGS);
+
+#define TORCHSPEED_FAKE_QUANTIZE_BACKWARD_ARGS(X) \
+  X(at::Tensor, grad, {})                         \
+  X(at::Tensor, mask, {})
+TORCHSPEED_OP_ARGS(FakeQuantizeBackwardArgs, "fake_quantize_backward", at::Tensor,
+                   TORCHSPEED_FAKE_QUANTIZE_BACKWARD_ARGS);
+
 /// q = clamp(round_half_even(x * (1 / scale)) + zero_point, -128, 127), int8, in fp32 arithmetic.
 TORCHSPEED_API at::Tensor quantize_int8(const at::Tensor& x, const at::Tensor& scale,
                                         const std::optional<at::Tensor>& zero_point = std::nullopt);
@@ -73,5 +93,16 @@ TORCHSPEED_API at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& pac
                                       const at::Tensor& w_scale,
                                       const std::optional<at::Tensor>& bias = std::nullopt,
                                       bool relu = false);
+/// Fake quantization (quantize then dequantize, in fp32, result in x's dtype):
+///   v = round_half_even(x * (1 / scale)) + zero_point
+///   y = (clamp(v, quant_min, quant_max) - zero_point) * scale,  mask = quant_min <= v <= quant_max
+/// torch.fake_quantize_per_{tensor,channel}_affine's formula (and its cachemask) bit for bit; the
+/// straight-through gradient is grad_y * mask (registered in Python, torchspeed.quant).
+TORCHSPEED_API FakeQuantizeResult
+fake_quantize(const at::Tensor& x, const at::Tensor& scale,
+              const std::optional<at::Tensor>& zero_point = std::nullopt, int64_t quant_min = -128,
+              int64_t quant_max = 127);
+/// fake_quantize's straight-through gradient: grad * mask (as float 0 / 1), in grad's dtype.
+TORCHSPEED_API at::Tensor fake_quantize_backward(const at::Tensor& grad, const at::Tensor& mask);
 
 }  // namespace torchspeed

@@ -23,6 +23,10 @@ BENCHMARKS = {
     "profile": ("profile", "profiler ranges + always-on step overhead vs torch.profiler"),
     "quant": ("quant", "int8 quantize/dequantize vs torch's formula and torch.quantize_per_*"),
     "int8_linear": ("int8_linear", "Int8Linear vs fp32 nn.Linear vs torch.ao dynamic int8 Linear"),
+    "int8_gemm_cuda": (
+        "int8_gemm_cuda",
+        "int8 Linear CUDA kernels vs bf16 matmul and torch._int_mm",
+    ),
     "ddp": ("ddp", "AccumulatingDDP vs torch DDP + no_sync vs no communication (2 Gloo ranks)"),
 }
 # What each benchmark needs beyond torch: pip install torchspeed[bench].

@@ -6,8 +6,15 @@
 
 The granularity is scale's shape, for x viewed as [rows, cols] (cols = its last dim): one element
 (per tensor), [rows] (per channel, e.g. a Linear weight's output channels) or [rows, groups] (per
-group of cols / groups consecutive elements). Next in this package (issue 12): observers,
-fake-quant with a straight-through gradient, the int8 Linear and pruning.
+group of cols / groups consecutive elements).
+
+Quantization-aware training: ``fake_quantize(x, scale, zero_point)`` (one fused pass, with a
+straight-through gradient, fp32/bf16/fp16), the calibration observers (``MinMaxObserver``,
+``MovingAverageMinMaxObserver``, ``PercentileObserver``) and the ``FakeQuantize`` module that
+combines both, like torch.ao.quantization.FakeQuantize.
+
+Inference: ``Int8Linear`` / ``quantize_dynamic(model)`` (exact int8 GEMM on every CPU ISA and CUDA,
+per-channel int8 weights packed once, per-row dynamic activations).
 """
 
 from __future__ import annotations
@@ -82,17 +89,30 @@ def choose_qparams(
                 f"last dim ({cols}), got {group_size!r}"
             )
         v = v.reshape(v.shape[0], cols // group_size, group_size)
-    lo = torch.minimum(v.amin(dim=-1), torch.zeros((), device=v.device))
-    hi = torch.maximum(v.amax(dim=-1), torch.zeros((), device=v.device))
+    scale, zp = qparams_from_minmax(v.amin(dim=-1), v.amax(dim=-1), symmetric, eps)
+    if granularity == "per_tensor":
+        scale, zp = scale.reshape(1), zp.reshape(1)
+    return scale.contiguous(), zp.contiguous()
+
+
+def qparams_from_minmax(
+    min_val: torch.Tensor, max_val: torch.Tensor, symmetric: bool = True, eps: float = 1e-12
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """choose_qparams' formula from a recorded range (float32 tensors of one shape), the one
+    formula the observers (torchspeed.quant.observer) share: the range always includes 0, then
+    symmetric ``scale = max(-min, max) / 127`` (zero_point 0), or asymmetric ``scale = (max - min)
+    / 255``, ``zero_point = clamp(-128 - round(min / scale), -128, 127)``; scale >= eps. Equal to
+    torch.ao's observers' ``_calculate_qparams`` for qint8 with quant range [-127, 127]
+    (symmetric) or [-128, 127] (affine)."""
+    lo = torch.minimum(min_val.float(), torch.zeros((), device=min_val.device))
+    hi = torch.maximum(max_val.float(), torch.zeros((), device=max_val.device))
     if symmetric:
         scale = (torch.maximum(-lo, hi) / 127.0).clamp_min(eps)
         zp = torch.zeros_like(scale, dtype=torch.int32)
     else:
         scale = ((hi - lo) / 255.0).clamp_min(eps)
         zp = (-128 - torch.round(lo / scale)).clamp(-128, 127).to(torch.int32)
-    if granularity == "per_tensor":
-        scale, zp = scale.reshape(1), zp.reshape(1)
-    return scale.contiguous(), zp.contiguous()
+    return scale, zp
 
 
 from torchspeed.quant.linear import (  # noqa: E402
@@ -101,6 +121,12 @@ from torchspeed.quant.linear import (  # noqa: E402
     int8_pack_weight,
     int8_path,
     quantize_dynamic,
+)
+from torchspeed.quant.fake_quant import FakeQuantize, fake_quantize  # noqa: E402
+from torchspeed.quant.observer import (  # noqa: E402
+    MinMaxObserver,
+    MovingAverageMinMaxObserver,
+    PercentileObserver,
 )
 
 __all__ = [
@@ -112,4 +138,10 @@ __all__ = [
     "int8_linear",
     "int8_pack_weight",
     "int8_path",
+    "qparams_from_minmax",
+    "fake_quantize",
+    "FakeQuantize",
+    "MinMaxObserver",
+    "MovingAverageMinMaxObserver",
+    "PercentileObserver",
 ]

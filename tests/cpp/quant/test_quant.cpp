@@ -57,6 +57,24 @@ TEST_CASE("quantize_int8 equals the reference at every granularity, dequantize i
 TEST_CASE("the quant ops' argument structs match their schemas") {
   torchspeed_test::check_against_schema<torchspeed::QuantizeInt8Args>();
   torchspeed_test::check_against_schema<torchspeed::DequantizeInt8Args>();
+  torchspeed_test::check_against_schema<torchspeed::FakeQuantizeArgs>();
+  torchspeed_test::check_against_schema<torchspeed::FakeQuantizeBackwardArgs>();
+}
+
+TEST_CASE("fake_quantize from C++: y = dequantize(quantize(x)) in range, the mask marks it") {
+  const auto x = torch::randn({5, 64}) * 4;
+  const auto scale = torch::full({5}, 0.02f);
+  const auto zp = torch::arange(-2, 3, torch::kInt);
+  const auto [y, mask] = torchspeed::fake_quantize(x, scale, zp);
+  const auto q = torchspeed::quantize_int8(x, scale, zp);
+  const auto back = torchspeed::dequantize_int8(q, scale, zp);
+  REQUIRE(mask.scalar_type() == torch::kBool);
+  REQUIRE(mask.sum().item<int64_t>() > 0);
+  // where x is in range, fake-quant is quantize then dequantize; outside, the clamped value too
+  REQUIRE(torch::equal(y, back));
+  const auto [y4, mask4] = torchspeed::fake_quantize(x, scale, std::nullopt, -8, 7);
+  REQUIRE(mask4.sum().item<int64_t>() < mask.sum().item<int64_t>());
+  REQUIRE(y4.abs().max().item<float>() <= 8 * 0.02f);
 }
 
 TEST_CASE("quantize_int8 names the bad argument") {
