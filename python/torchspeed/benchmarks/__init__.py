@@ -22,6 +22,7 @@ BENCHMARKS = {
     "loader_gpu": ("loader_gpu", "H2D copy hidden behind compute, sync-free next() (CUDA)"),
     "profile": ("profile", "profiler ranges + always-on step overhead vs torch.profiler"),
     "quant": ("quant", "int8 quantize/dequantize vs torch's formula and torch.quantize_per_*"),
+    "prune": ("prune", "packed pruning masks: apply vs memcpy, build vs torch.nn.utils.prune"),
     "ddp": ("ddp", "AccumulatingDDP vs torch DDP + no_sync vs no communication (2 Gloo ranks)"),
 }
 # What each benchmark needs beyond torch: pip install torchspeed[bench].
