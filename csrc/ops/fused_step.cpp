@@ -129,7 +129,11 @@ kernels::OptimTensor FusedStep::tensor(size_t i, const at::Tensor& grad, int64_t
   t.exp_avg = f32_at(exp_avgs, i, begin);
   t.exp_avg_sq = f32_at(exp_avg_sqs, i, begin);
   t.max_exp_avg_sq = f32_at(max_exp_avg_sqs, i, begin);
-  t.mask = f32_at(masks, i, begin);
+  // The packed mask (uint8 [ceil(numel / 8)], or empty = no mask): ranges start on a byte.
+  TORCH_INTERNAL_ASSERT(begin % 8 == 0, "torchspeed.", op, ": a range must start on a mask byte");
+  t.mask = masks.empty() || masks[i].numel() == 0
+               ? nullptr
+               : static_cast<const uint8_t*>(masks[i].const_data_ptr()) + begin / 8;
   t.ema = f32_at(emas, i, begin);
   t.step = f32_at(steps, i, 0);
   t.numel = length;

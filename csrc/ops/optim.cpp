@@ -32,7 +32,9 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
   //   grad_scale the AMP scale: grads are divided by it (multiplied by 1/scale) in registers
   //   found_inf  when 1.0 the whole step is skipped: params, state and steps untouched
   //   clip_coef  grads are also multiplied by it (global-norm clipping computed by grad_stats)
-  // masks: float32 {0,1} per param; the new param is zeroed where mask == 0 (pruning).
+  // masks: per param a bit-packed pruning mask, uint8 [ceil(numel / 8)] (bit j of byte b = element
+  // 8b + j in the param's memory order; torchspeed.prune's format), or an empty tensor for none;
+  // the new param is zeroed where the bit is 0, inside the update pass.
   // emas: float32 EMA copies, ema += (1 - ema_decay) * (param - ema) after the update.
   m.def(
       "adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "

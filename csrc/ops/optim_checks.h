@@ -125,14 +125,20 @@ inline void check_masks(const char* op, at::TensorList params, at::TensorList ma
   TORCH_CHECK(masks.size() == params.size(), "torchspeed.", op,
               ": masks must have one tensor per param (", params.size(), ") or be empty, got ",
               masks.size());
+  // Bit-packed (torchspeed.prune's format): uint8 [ceil(numel / 8)], bit j of byte b masks element
+  // 8b + j of the param in memory order; an empty tensor means no mask for that param.
   for (size_t i = 0; i < masks.size(); ++i) {
-    TORCH_CHECK(
-        masks[i].scalar_type() == at::kFloat && masks[i].sym_numel() == params[i].sym_numel() &&
-            masks[i].device() == params[i].device() && laid_out_like(masks[i], params[i]),
-        "torchspeed.", op, ": masks[", i, "] must be a float32 tensor of ", params[i].sym_numel(),
-        " elements on ", params[i].device(), " laid out like params[", i, "], got ",
-        masks[i].scalar_type(), " ", masks[i].sym_sizes(), " strides ", masks[i].sym_strides(),
-        " on ", masks[i].device());
+    const c10::SymInt bytes = (params[i].sym_numel() + 7) / 8;
+    TORCH_CHECK(masks[i].defined() && masks[i].layout() == at::kStrided &&
+                    masks[i].scalar_type() == at::kByte && masks[i].is_contiguous() &&
+                    (masks[i].sym_numel() == bytes || masks[i].sym_numel() == 0) &&
+                    masks[i].device() == params[i].device(),
+                "torchspeed.", op, ": masks[", i,
+                "] must be a bit-packed mask (a contiguous uint8 tensor of ceil(numel / 8) = ",
+                bytes, " bytes, or empty for none) on ", params[i].device(), ", got ",
+                masks[i].defined() ? c10::str(masks[i].scalar_type(), " ", masks[i].sym_sizes(),
+                                              " on ", masks[i].device())
+                                   : std::string("None"));
   }
 }
 

@@ -18,6 +18,7 @@ _C, build_info = _load_native()
 
 from . import profile  # noqa: I001 (first: data and optim report their phases to it)
 from . import checkpoint, data, dist, ops, optim, quant, tune
+from . import prune  # noqa: I001 (pruning; its optimizer masks use torchspeed.optim)
 
 __version__ = build_info.get("version", "0.0.0")
 
@@ -37,6 +38,7 @@ __all__ = [
     "ops",
     "optim",
     "profile",
+    "prune",
     "quant",
     "tune",
     "cpu_isa",

@@ -130,7 +130,7 @@ namespace {
 
 /// An fp32 param range with the given state pointers (null: absent).
 OptimTensor f32_tensor(float* p, const float* g, int64_t n, float* exp_avg = nullptr,
-                       float* exp_avg_sq = nullptr, const float* mask = nullptr,
+                       float* exp_avg_sq = nullptr, const uint8_t* mask = nullptr,
                        float* ema = nullptr) {
   OptimTensor t{};
   t.param = p;
@@ -189,7 +189,11 @@ TEST_CASE("sgd kernel matches a double reference (momentum, nesterov, mask, EMA)
       auto p = random_floats(n, 11), g = random_floats(n, 12), buf = random_floats(n, 13);
       auto ema = random_floats(n, 14);
       std::vector<float> mask(n);
-      for (int64_t i = 0; i < n; ++i) mask[i] = (i % 3) ? 1.f : 0.f;
+      std::vector<uint8_t> bits((n + 7) / 8, 0);  // packed: bit i = element i
+      for (int64_t i = 0; i < n; ++i) {
+        mask[i] = (i % 3) ? 1.f : 0.f;
+        if (mask[i] != 0.f) bits[i / 8] |= uint8_t(1u << (i % 8));
+      }
       OptimHyper h{};
       h.weight_decay = float(wd), h.momentum = float(momentum);
       h.one_minus_dampening = float(1 - dampening), h.nesterov = nesterov;
@@ -198,7 +202,7 @@ TEST_CASE("sgd kernel matches a double reference (momentum, nesterov, mask, EMA)
       s.lr = float(lr), s.grad_scale = 1.f;
       auto p2 = p, buf2 = buf, ema2 = ema;
       table->optim.sgd(
-          f32_tensor(p2.data(), g.data(), n, buf2.data(), nullptr, mask.data(), ema2.data()), h, s,
+          f32_tensor(p2.data(), g.data(), n, buf2.data(), nullptr, bits.data(), ema2.data()), h, s,
           nullptr, nullptr);
       for (int64_t i = 0; i < n; ++i) {
         double gi = g[i] + wd * p[i];
@@ -444,5 +448,75 @@ TEST_CASE("int8 quantize/dequantize equal the scalar formula on every ISA, ties 
     int8_t out = 0;
     double d = 1;
     CHECK_FALSE(table->quant.quantize_int8(DType::kDouble, &d, &out, 1, 1.f, 0.f));
+  }
+}
+
+// ---- prune: bit-packed masks (kernels/cpu/prune.h) ----------------------------------------------
+
+TEST_CASE("prune kernels: pack/unpack round trip, apply bit-exact, N:M and threshold masks") {
+  for (const CpuKernelTable* table : runnable_tables()) {
+    const auto& k = table->prune;
+    for (int64_t n : {0, 1, 7, 8, 9, 16, 17, 63, 64, 65, 1000, 4099}) {
+      INFO("isa " << table->name << " n " << n);
+      std::mt19937 gen(static_cast<uint32_t>(n) + 7u);
+      std::vector<uint8_t> bools(n), back(n), bits((n + 7) / 8, 0xaa);
+      for (auto& b : bools) b = gen() % 3 ? 1 : 0;
+      k.pack_mask(bools.data(), bits.data(), n);
+      for (int64_t i = 0; i < n; ++i) REQUIRE(((bits[i / 8] >> (i % 8)) & 1) == bools[i]);
+      if (n % 8) REQUIRE((bits.back() >> (n % 8)) == 0);  // bits past n are 0
+      k.unpack_mask(bits.data(), back.data(), n);
+      REQUIRE(back == bools);
+      // apply: float32 (the vector path), 2- and 8-byte elements; kept bits untouched (NaN too).
+      auto w = random_floats(static_cast<size_t>(n), 99u);
+      if (n > 3) w[3] = std::nanf("0x123");
+      auto w2 = w;
+      k.apply_mask(w2.data(), 4, bits.data(), n);
+      std::vector<uint16_t> h(n, 0x3c00u);
+      std::vector<uint64_t> d(n, 0x3ff0000000000000ull);
+      k.apply_mask(h.data(), 2, bits.data(), n);
+      k.apply_mask(d.data(), 8, bits.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, &w[i], 4);
+        std::memcpy(&b, &w2[i], 4);
+        REQUIRE(b == (bools[i] ? a : 0u));
+        REQUIRE(h[i] == (bools[i] ? 0x3c00u : 0u));
+        REQUIRE(d[i] == (bools[i] ? 0x3ff0000000000000ull : 0ull));
+      }
+    }
+    // N:M against a sort-based reference (ties: the lower index ranks first).
+    for (auto [nn, m] : {std::pair{2, 4}, {1, 4}, {4, 8}, {3, 7}, {0, 4}, {4, 4}, {5, 16}}) {
+      const int64_t groups = 37;
+      const int64_t total = groups * m;
+      auto w = random_floats(static_cast<size_t>(total), 5u);
+      for (int64_t i = 0; i < total; i += 5) w[i] = (i % 2 ? -0.5f : 0.5f);  // ties, both signs
+      std::vector<uint8_t> bits((total + 7) / 8, 0xff);
+      k.nm_mask(w.data(), 4, groups, nn, m, bits.data());
+      for (int64_t g = 0; g < groups; ++g) {
+        std::vector<int> idx(m);
+        for (int j = 0; j < m; ++j) idx[j] = j;
+        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) {
+          return std::fabs(w[g * m + a]) > std::fabs(w[g * m + b]);
+        });
+        std::vector<bool> keep(m, false);
+        for (int j = 0; j < nn; ++j) keep[idx[j]] = true;
+        for (int j = 0; j < m; ++j) {
+          const int64_t i = g * m + j;
+          INFO("isa " << table->name << " " << nn << ":" << m << " group " << g << " j " << j);
+          REQUIRE(bool((bits[i / 8] >> (i % 8)) & 1) == keep[j]);
+        }
+      }
+    }
+    // threshold: keep key > t and the first `ties_kept` ties.
+    std::vector<float> w = {1.f, -2.f, 2.f, 0.5f, 2.f, -3.f, 2.f, 0.f, 2.f};
+    uint32_t t;
+    const float two = 2.f;
+    std::memcpy(&t, &two, 4);
+    REQUIRE(k.count_key(w.data(), 4, 9, t) == 5);
+    std::vector<uint8_t> bits(2);
+    k.threshold_mask(w.data(), 4, 9, t, 2, bits.data());
+    // kept: -2 (idx 1), 2 (idx 2) as the first two ties, -3 (idx 5).
+    REQUIRE(bits[0] == uint8_t((1u << 1) | (1u << 2) | (1u << 5)));
+    REQUIRE(bits[1] == 0);
   }
 }

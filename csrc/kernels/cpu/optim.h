@@ -8,7 +8,7 @@
 // results agree to an ulp or so per step.
 #pragma once
 
-#include "kernels/cpu/vec.h"
+#include "kernels/cpu/mask_bits.h"
 
 namespace torchspeed::kernels::cpu {
 namespace TORCHSPEED_CPU_ISA_NAMESPACE {
@@ -33,7 +33,7 @@ inline U load_param(const OptimTensor& c, int64_t i) {
 /// Writes the new parameter value: mask, master, rounded param, EMA.
 template <class U, typename P>
 inline void store_param(const OptimTensor& c, const OptimHyper& h, int64_t i, U p) {
-  if (c.mask) p = select_nonzero(U::load(c.mask + i), p);
+  if (c.mask) p = keep_bits(c.mask, i, p);
   if (c.master) p.store(c.master + i);
   p.store(static_cast<P*>(c.param) + i);
   if (c.ema) {

@@ -150,6 +150,23 @@ struct Int8LinearKernels {
   Int8GemmFn gemm;
 };
 
+// ---- Prune: bit-packed masks (prune.h; bit j of byte b = element 8b + j) -----------------------
+
+/// Packs n {0,1} bytes (nonzero = 1) into ceil(n / 8) bytes.
+using PackMaskFn = void (*)(const uint8_t* bools, uint8_t* bits, int64_t n);
+/// Unpacks ceil(n / 8) bytes into n {0,1} bytes.
+using UnpackMaskFn = void (*)(const uint8_t* bits, uint8_t* bools, int64_t n);
+/// w[i] = 0 where bit i is 0, over n elements of elem_size (2, 4 or 8) bytes, in place.
+using ApplyMaskFn = void (*)(void* w, int elem_size, const uint8_t* bits, int64_t n);
+/// N:M mask of `groups` groups of m elements (keep the n largest |w| of each).
+using NmMaskFn = void (*)(const void* w, int elem_size, int64_t groups, int n, int m,
+                          uint8_t* bits);
+/// How many of n elements have the magnitude key `threshold` (see prune.h).
+using CountKeyFn = int64_t (*)(const void* w, int elem_size, int64_t n, uint64_t threshold);
+/// Keeps key > threshold and the first `ties_kept` elements with key == threshold.
+using ThresholdMaskFn = void (*)(const void* w, int elem_size, int64_t n, uint64_t threshold,
+                                 int64_t ties_kept, uint8_t* bits);
+
 // ---- The table ----------------------------------------------------------------------------------
 
 /// The optimizer area's kernels (torchspeed.optim, torchspeed.ops.grad_stats).
@@ -182,6 +199,16 @@ struct QuantKernels {
   Int8LinearKernels int8_linear;
 };
 
+/// The prune area's kernels (torchspeed.prune).
+struct PruneKernels {
+  PackMaskFn pack_mask;
+  UnpackMaskFn unpack_mask;
+  ApplyMaskFn apply_mask;
+  NmMaskFn nm_mask;
+  CountKeyFn count_key;
+  ThresholdMaskFn threshold_mask;
+};
+
 /// Every CPU kernel of one ISA, grouped per area. One instance per ISA unit; see dispatch.h for
 /// the choice (TORCHSPEED_CPU_ISA applies to all of them).
 struct CpuKernelTable {
@@ -191,6 +218,7 @@ struct CpuKernelTable {
   DataKernels data;
   DistKernels dist;
   QuantKernels quant;
+  PruneKernels prune;
 };
 
 }  // namespace torchspeed::kernels::cpu

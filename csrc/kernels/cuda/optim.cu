@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kMtaBlockSize)
   float* const exp_avg = static_cast<float*>(meta.ptr[kExpAvg][slot]);
   float* const exp_avg_sq = static_cast<float*>(meta.ptr[kExpAvgSq][slot]);
   float* const max_exp_avg_sq = static_cast<float*>(meta.ptr[kMaxExpAvgSq][slot]);
-  const float* const mask = static_cast<const float*>(meta.ptr[kMask][slot]);
+  const uint8_t* const mask = static_cast<const uint8_t*>(meta.ptr[kMask][slot]);
   float* const ema = static_cast<float*>(meta.ptr[kEma][slot]);
   const float* const step = static_cast<const float*>(meta.ptr[kStep][slot]);
 
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kMtaBlockSize)
 
   const bool aligned = mta_aligned(param) && mta_aligned(grad) && mta_aligned(master) &&
                        mta_aligned(exp_avg) && mta_aligned(exp_avg_sq) &&
-                       mta_aligned(max_exp_avg_sq) && mta_aligned(mask) && mta_aligned(ema);
+                       mta_aligned(max_exp_avg_sq) && mta_aligned(ema);
   float p_acc = 0.f, u_acc = 0.f;  // LAMB phase 1: ||p||^2, ||u||^2 of this thread
 
   mta_for_each_quad(
@@ -156,11 +156,11 @@ __global__ void __launch_bounds__(kMtaBlockSize)
         }
 
         // store_param: mask, master, rounded param, EMA.
-        if (mask) {
-          float mk[N];
-          load_quad<kVec>(mask, i, valid, mk);
+        if (mask) {  // bit-packed: bit i of the param's mask
 #pragma unroll
-          for (int k = 0; k < N; ++k) p[k] = apply_mask(mk[k], p[k]);
+          for (int k = 0; k < N; ++k) {
+            if (k < valid) p[k] = apply_mask(mask_bit(mask, i + k), p[k]);
+          }
         }
         if (master) store_quad<kVec>(master, i, valid, p);
         store_quad<kVec>(param, i, valid, p);
@@ -307,7 +307,7 @@ cudaError_t run_all(Kernel kernel, const OptimTensor* tensors, int64_t count,
         m.ptr[kExpAvg] = t.exp_avg;
         m.ptr[kExpAvgSq] = t.exp_avg_sq;
         m.ptr[kMaxExpAvgSq] = t.max_exp_avg_sq;
-        m.ptr[kMask] = const_cast<float*>(t.mask);
+        m.ptr[kMask] = const_cast<uint8_t*>(t.mask);
         m.ptr[kEma] = t.ema;
         m.ptr[kStep] = t.step;
         m.numel = t.numel;

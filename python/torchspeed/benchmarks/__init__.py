@@ -27,6 +27,7 @@ BENCHMARKS = {
         "int8_gemm_cuda",
         "int8 Linear CUDA kernels vs bf16 matmul and torch._int_mm",
     ),
+    "prune": ("prune", "packed pruning masks: apply vs memcpy, build vs torch.nn.utils.prune"),
     "ddp": ("ddp", "AccumulatingDDP vs torch DDP + no_sync vs no communication (2 Gloo ranks)"),
 }
 # What each benchmark needs beyond torch: pip install torchspeed[bench].

@@ -37,6 +37,34 @@ def _like_param(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _packed_mask_for(mask: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The bit-packed mask the fused ops read for `p` (uint8 [ceil(numel / 8)], bit i = element i
+    of p in memory order) from a {0,1} mask of p's numel (bool/float/int, p's logical order) or a
+    packed one (uint8 of ceil(numel / 8) bytes, bit i = element i of p in logical order, the
+    layout of torchspeed.prune's mask buffers)."""
+    n = p.numel()
+    nbytes = (n + 7) // 8
+    mask = mask.detach()
+    # A packed mask and a dense one coincide for one element: either reading gives the same bit.
+    is_packed = mask.dtype == torch.uint8 and mask.numel() == nbytes and (n != 1 or mask.dim() == 1)
+    if not is_packed and mask.numel() != n:
+        raise ValueError(
+            f"torchspeed.optim: mask must have {n} elements like the param (bool or {{0,1}}), or "
+            f"be a packed uint8 mask of ceil({n} / 8) = {nbytes} bytes; got {mask.dtype} with "
+            f"{mask.numel()} elements"
+        )
+    if is_packed and p.is_contiguous():
+        return mask.to(p.device).contiguous().reshape(-1).clone()
+    if is_packed:
+        logical = torch.ops.torchspeed.unpack_mask(mask.to(p.device).contiguous(), list(p.shape))
+    else:
+        logical = (mask != 0).reshape(p.shape).to(p.device)
+    # Element i of the logical mask masks element i of the param, packed in the param's memory
+    # layout (e.g. channels_last): a bool tensor laid out like p, then packed in memory order.
+    in_layout = torch.empty_like(p, dtype=torch.bool, memory_format=torch.preserve_format)
+    return torch.ops.torchspeed.pack_mask(in_layout.copy_(logical))
+
+
 def _dense(p: torch.Tensor) -> bool:
     """Non-overlapping and dense (contiguous in some memory format), as the ops require."""
     if p.is_contiguous():
@@ -113,7 +141,8 @@ class FusedOptimizer(Optimizer):
         defaults.setdefault("ema_decay", None)
         self._check_hyperparameters(defaults, "")
         super().__init__(params, defaults)
-        self._masks: Dict[torch.Tensor, torch.Tensor] = {}
+        self._masks: Dict[torch.Tensor, torch.Tensor] = {}  # param -> packed uint8 mask
+        self._no_mask: Dict[torch.device, torch.Tensor] = {}  # empty uint8: "no mask" in a bucket
         self.step_stats = {"steps": 0, "skipped": 0, "seconds": 0.0}
 
     def __getstate__(self):
@@ -129,7 +158,11 @@ class FusedOptimizer(Optimizer):
         masks = state.pop("_masks", {})
         step_stats = state.pop("step_stats", {"steps": 0, "skipped": 0, "seconds": 0.0})
         super().__setstate__(state)
-        self._masks = masks
+        # Masks pickled before they were bit-packed (dense float32) are packed now.
+        self._masks = {
+            p: m if m.dtype == torch.uint8 else _packed_mask_for(m, p) for p, m in masks.items()
+        }
+        self._no_mask = {}
         self.step_stats = step_stats
         for group in self.param_groups:
             for key in ("master_weights", "max_grad_norm", "ema_decay"):
@@ -205,21 +238,19 @@ class FusedOptimizer(Optimizer):
 
     # ---- pruning masks -------------------------------------------------------------------------
     def set_mask(self, param: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
-        """Apply a {0,1} mask to `param` inside every step (the param stays zero where mask == 0).
+        """Keep `param` at exactly zero where `mask` is 0, inside every step's update pass.
 
-        Pass None to remove it. The mask must have param's number of elements.
+        `mask`: bool or {0,1} with param's number of elements (its logical order), or a bit-packed
+        uint8 mask of ceil(numel / 8) bytes (torchspeed.prune's format: bit j of byte b is element
+        8b + j of the param in logical order). It is stored packed (1/32 of an fp32 param's bytes)
+        and the fused kernels read the bits directly: no dense mask, no separate masking pass.
+        Pass None to remove it. Elements already nonzero where the mask is 0 become 0 at the next
+        step (torchspeed.prune zeroes them when it registers the mask).
         """
         if mask is None:
             self._masks.pop(param, None)
             return
-        if mask.numel() != param.numel():
-            raise ValueError(
-                f"torchspeed.optim: mask must have {param.numel()} elements like the param, "
-                f"got {mask.numel()}"
-            )
-        # Element i of the mask (in the param's logical order) masks element i of the param,
-        # stored in the param's memory layout (e.g. channels_last).
-        self._masks[param] = _like_param(mask.detach().reshape(param.shape), param)
+        self._masks[param] = _packed_mask_for(mask, param)
 
     # ---- state ---------------------------------------------------------------------------------
     def _wants_master(self, group, p: torch.Tensor) -> bool:
@@ -458,8 +489,12 @@ class FusedOptimizer(Optimizer):
         masters = [s["master"] for s in states] if wants_master else []
         masks = []
         if self._masks and any(p in self._masks for p in params):
-            # Params without a mask in a bucket where others have one get an all-ones mask.
-            masks = [self._masks.get(p, torch.ones_like(p, dtype=torch.float32)) for p in params]
+            # Params without a mask in a bucket where others have one get an empty tensor (none).
+            dev = params[0].device
+            none = self._no_mask.get(dev)
+            if none is None:
+                none = self._no_mask[dev] = torch.empty(0, dtype=torch.uint8, device=dev)
+            masks = [self._masks.get(p, none) for p in params]
         emas = [s["ema"] for s in states] if need_ema else []
         return self._op_call(group, params, states, grads, masters, masks, emas, scalars)
 

@@ -1,0 +1,48 @@
+// The prune area's ops: their schemas (a TORCH_LIBRARY_FRAGMENT of the torchspeed library) and
+// their C++ entry points (declared in <torchspeed/ops/prune.h>), which call through the
+// dispatcher. Kernels: ops/cpu/prune_cpu.cpp, ops/cuda/prune_cuda.cpp, ops/meta/prune_meta.cpp.
+#include "torchspeed/ops/prune.h"
+
+#include <torch/library.h>
+
+TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
+  // A packed mask is uint8 [ceil(numel / 8)]: bit j (least significant first) of byte b is element
+  // 8b + j of the tensor in memory order; 1 keeps, 0 prunes. numpy.packbits(bitorder="little").
+  //
+  // mask (bool, dense) packed in its memory order.
+  m.def("pack_mask(Tensor mask) -> Tensor");
+  // The inverse: a contiguous bool tensor of `shape`; packed must have ceil(numel(shape) / 8) bytes.
+  m.def("unpack_mask(Tensor packed, int[] shape) -> Tensor");
+  // In place, w (float32/64, bfloat16, float16, dense) = 0 where the bit is 0 (+0.0); kept elements
+  // are not rewritten bit for bit. The validator runs before anything is written.
+  m.def("apply_mask_(Tensor(a!) w, Tensor packed) -> ()");
+  // N:M mask of w (contiguous; last dim a multiple of m; 1 <= m <= 256, 0 <= n <= m): in every m
+  // consecutive elements of the last dim, the n with the largest |w| are kept. |w| compares
+  // exactly (NaN above inf, -0 == +0); equal magnitudes rank the lower index first.
+  m.def("nm_mask(Tensor w, int n=2, int m=4) -> Tensor");
+  // Mask pruning exactly `amount` (0 <= amount <= numel) elements of w: the smallest |w|; among
+  // equal magnitudes at the threshold, the higher memory index is pruned first. Deterministic.
+  m.def("magnitude_mask(Tensor w, int amount) -> Tensor");
+}
+
+namespace torchspeed {
+
+at::Tensor pack_mask(const at::Tensor& mask) { return op_args::call(PackMaskArgs{mask}); }
+
+at::Tensor unpack_mask(const at::Tensor& packed, at::IntArrayRef shape) {
+  return op_args::call(UnpackMaskArgs{packed, shape});
+}
+
+void apply_mask_(const at::Tensor& w, const at::Tensor& packed) {
+  op_args::call(ApplyMaskArgs{w, packed});
+}
+
+at::Tensor nm_mask(const at::Tensor& w, int64_t n, int64_t m) {
+  return op_args::call(NmMaskArgs{w, n, m});
+}
+
+at::Tensor magnitude_mask(const at::Tensor& w, int64_t amount) {
+  return op_args::call(MagnitudeMaskArgs{w, amount});
+}
+
+}  // namespace torchspeed

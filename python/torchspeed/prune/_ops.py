@@ -1,0 +1,54 @@
+"""Typed wrappers of the prune area's ops (csrc/ops/prune.cpp): bit-packed masks on CPU and CUDA.
+
+A packed mask is uint8 ``[ceil(numel / 8)]``: bit j (least significant first) of byte b is
+element ``8 * b + j`` of the tensor (memory order; the logical order of a contiguous tensor), 1
+keeps it, 0 prunes it: ``numpy.packbits(keep.ravel(), bitorder="little")``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def _op(name: str):
+    op = getattr(torch.ops.torchspeed, name, None)
+    if op is None:
+        raise RuntimeError(
+            f"torchspeed.prune.{name}: built without the prune area (TORCHSPEED_WITH_PRUNE=OFF)"
+        )
+    return op
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A bool mask (dense; packed in memory order) as uint8 ``[ceil(numel / 8)]``."""
+    return _op("pack_mask")(mask)
+
+
+def unpack_mask(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """The bool mask of ``shape`` (contiguous) that ``packed`` holds."""
+    return _op("unpack_mask")(packed, [int(s) for s in shape])
+
+
+def apply_mask_(w: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """In place: ``w = 0`` (+0.0) where the mask bit is 0; kept elements are not rewritten.
+
+    w: float32/float64/bfloat16/float16, dense (the mask is read in w's memory order). Returns w.
+    """
+    _op("apply_mask_")(w, packed)
+    return w
+
+
+def nm_mask(w: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
+    """Packed N:M mask: the n largest ``|w|`` of every m consecutive elements of the last dim.
+
+    w contiguous, last dim a multiple of m, ``1 <= m <= 256``, ``0 <= n <= m``. Magnitudes compare
+    exactly (NaN above inf, -0 == +0); equal magnitudes keep the lower index."""
+    return _op("nm_mask")(w, int(n), int(m))
+
+
+def magnitude_mask(w: torch.Tensor, amount: int) -> torch.Tensor:
+    """Packed mask pruning exactly ``amount`` elements: the smallest ``|w|``; at the threshold,
+    equal magnitudes prune the higher (memory) index first. Deterministic; CUDA never syncs."""
+    return _op("magnitude_mask")(w, int(amount))

@@ -1,0 +1,159 @@
+"""Gradual pruning during training: Zhu & Gupta's cubic sparsity schedule (arXiv 1710.01878).
+
+    pruner = torchspeed.prune.GradualPruner(model, final_sparsity=0.9, start_step=100,
+                                            end_step=1100, frequency=100, optimizer=opt)
+    for batch in loader:
+        loss(model(batch)).backward(); opt.step(); opt.zero_grad()
+        pruner.step()                # prunes at steps 100, 200, ..., 1100 to the scheduled sparsity
+
+    s_t = s_f + (s_i - s_f) * (1 - (t - t0) / (end - t0)) ** 3   for t0 <= t <= end
+
+Between pruning steps the optimizer (``optimizer=``) keeps the pruned weights at zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+_METHODS = ("unstructured", "global", "structured", "nm")
+
+
+def cubic_sparsity(
+    step: int, initial: float, final: float, start_step: int, end_step: int
+) -> Optional[float]:
+    """The scheduled sparsity at ``step`` (None before ``start_step``; ``final`` after the end)."""
+    if step < start_step:
+        return None
+    if end_step <= start_step or step >= end_step:
+        return float(final)
+    progress = (step - start_step) / (end_step - start_step)
+    return float(final + (initial - final) * (1.0 - progress) ** 3)
+
+
+class GradualPruner:
+    """Prunes ``model_or_params`` (a model: every Linear/Conv weight; or (module, name) pairs) to
+    the cubic schedule's sparsity every ``frequency`` steps from ``start_step`` to ``end_step``.
+
+    method: "unstructured" (l1 per tensor), "global" (one threshold across the tensors),
+    "structured" (output channels by L2 norm, the fraction of channels), or "nm": n:m along the
+    input, reached gradually (``m - n`` pruned per group at the end; ``round((m - n) * s_t /
+    s_f)`` on the way, with ``final_sparsity`` = (m - n) / m implied when left None).
+    Call ``step()`` once per training step (after ``optimizer.step()``); ``state_dict()`` holds
+    the step count (the masks live in the model's state_dict).
+    """
+
+    def __init__(
+        self,
+        model_or_params,
+        final_sparsity: Optional[float] = None,
+        start_step: int = 0,
+        end_step: int = 1000,
+        frequency: int = 100,
+        initial_sparsity: float = 0.0,
+        method: str = "unstructured",
+        n: int = 2,
+        m: int = 4,
+        optimizer=None,
+    ):
+        from . import _targets
+
+        if method not in _METHODS:
+            raise ValueError(f"torchspeed.prune.GradualPruner: method must be one of {_METHODS}")
+        if method == "nm":
+            if not (0 <= n <= m):
+                raise ValueError(f"torchspeed.prune.GradualPruner: need 0 <= n <= m, got {n}:{m}")
+            if final_sparsity is None:
+                final_sparsity = (m - n) / m
+        if final_sparsity is None:
+            raise ValueError("torchspeed.prune.GradualPruner: final_sparsity is required")
+        for label, v in (("final_sparsity", final_sparsity), ("initial_sparsity", initial_sparsity)):
+            if not (0.0 <= float(v) <= 1.0):
+                raise ValueError(f"torchspeed.prune.GradualPruner: {label} must be in [0, 1], got {v}")
+        if initial_sparsity > final_sparsity:
+            raise ValueError("torchspeed.prune.GradualPruner: initial_sparsity > final_sparsity")
+        if frequency < 1 or start_step < 0 or end_step < start_step:
+            raise ValueError(
+                "torchspeed.prune.GradualPruner: need frequency >= 1 and 0 <= start_step <= "
+                f"end_step, got frequency={frequency}, start_step={start_step}, end_step={end_step}"
+            )
+        self.targets = _targets(model_or_params)
+        if not self.targets:
+            raise ValueError("torchspeed.prune.GradualPruner: nothing to prune")
+        self.final_sparsity = float(final_sparsity)
+        self.initial_sparsity = float(initial_sparsity)
+        self.start_step, self.end_step, self.frequency = int(start_step), int(end_step), frequency
+        self.method, self.n, self.m = method, int(n), int(m)
+        self.optimizer = optimizer
+        self.step_count = 0  # steps taken; the next step() is step number step_count
+        self.last_sparsity: Optional[float] = None
+
+    def sparsity_at(self, step: int) -> Optional[float]:
+        return cubic_sparsity(
+            step, self.initial_sparsity, self.final_sparsity, self.start_step, self.end_step
+        )
+
+    def _due(self, t: int) -> bool:
+        if t < self.start_step or t > self.end_step:
+            return False
+        return (t - self.start_step) % self.frequency == 0 or t == self.end_step
+
+    def step(self) -> Optional[float]:
+        """Advance one training step; prune when due. Returns the sparsity applied, or None."""
+        t = self.step_count
+        self.step_count += 1
+        if not self._due(t):
+            return None
+        s = self.sparsity_at(t)
+        self.prune_to(s)
+        return s
+
+    def prune_to(self, s: float) -> None:
+        from . import global_unstructured, l1_unstructured, ln_structured, nm_sparse
+
+        opt = self.optimizer
+        if self.method == "unstructured":
+            for mod, name in self.targets:
+                l1_unstructured(mod, name, float(s), optimizer=opt)
+        elif self.method == "global":
+            global_unstructured(self.targets, float(s), optimizer=opt)
+        elif self.method == "structured":
+            for mod, name in self.targets:
+                ln_structured(mod, name, float(s), n=2, dim=0, optimizer=opt)
+        else:
+            frac = s / self.final_sparsity if self.final_sparsity > 0 else 1.0
+            pruned = int(round((self.m - self.n) * frac))
+            for mod, name in self.targets:
+                nm_sparse(mod, name, n=self.m - pruned, m=self.m, optimizer=opt)
+        self.last_sparsity = float(s)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "step_count": self.step_count,
+            "last_sparsity": self.last_sparsity,
+            "final_sparsity": self.final_sparsity,
+            "initial_sparsity": self.initial_sparsity,
+            "start_step": self.start_step,
+            "end_step": self.end_step,
+            "frequency": self.frequency,
+            "method": self.method,
+            "n": self.n,
+            "m": self.m,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        for key in ("final_sparsity", "initial_sparsity", "start_step", "end_step", "frequency",
+                    "method", "n", "m"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(
+                    f"torchspeed.prune.GradualPruner.load_state_dict: {key} is {state[key]!r} in "
+                    f"the state_dict, {getattr(self, key)!r} here"
+                )
+        self.step_count = int(state["step_count"])
+        self.last_sparsity = state.get("last_sparsity")
+
+    def __repr__(self) -> str:
+        return (
+            f"GradualPruner(method={self.method!r}, {self.initial_sparsity} -> "
+            f"{self.final_sparsity} over steps [{self.start_step}, {self.end_step}] every "
+            f"{self.frequency}, step_count={self.step_count}, tensors={len(self.targets)})"
+        )
