@@ -69,7 +69,9 @@ def main(argv=None) -> int:
         full = make_loader(urls, workers=2)
         full.set_epoch(epoch)
         expected = [(x.clone(), y.clone()) for x, y in full]
-        print(f"uninterrupted epoch {epoch}: {len(expected)} batches of {tuple(expected[0][0].shape)}")
+        print(
+            f"uninterrupted epoch {epoch}: {len(expected)} batches of {tuple(expected[0][0].shape)}"
+        )
 
         first = make_loader(urls, workers=2)
         first.set_epoch(epoch)
@@ -91,7 +93,9 @@ def main(argv=None) -> int:
         assert len(rest) == len(expected) - stop_after, (len(rest), len(expected), stop_after)
         for (x, y), (ex, ey) in zip(rest, expected[stop_after:]):
             assert torch.equal(x, ex) and torch.equal(y, ey), "resumed batches differ"
-        print(f"resumed: the remaining {len(rest)} batches are bitwise those of the uninterrupted run")
+        print(
+            f"resumed: the remaining {len(rest)} batches are bitwise those of the uninterrupted run"
+        )
         st = resumed.stats()
         print(f"loader stats: {st['samples_per_s']:.0f} samples/s, decode {st['decode_s']:.3f} s")
     return 0

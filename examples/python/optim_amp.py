@@ -51,7 +51,9 @@ def main(argv=None) -> int:
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2)).to(args.device)
     ref = copy.deepcopy(model)
 
-    opt = torchspeed.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)  # the one-line swap
+    opt = torchspeed.optim.AdamW(
+        model.parameters(), lr=3e-3, weight_decay=0.01
+    )  # the one-line swap
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, weight_decay=0.01)
     losses = train(model, opt, args.device, steps)
     ref_losses = train(ref, ref_opt, args.device, steps)

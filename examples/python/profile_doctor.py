@@ -51,9 +51,14 @@ def main(argv=None) -> int:
     steps = 12 if args.quick else args.steps
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),  # conv bias before BN: a lint
-        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),  # conv bias before BN: a lint
+        nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = DataLoader(SlowImages(), batch_size=32, shuffle=True, num_workers=0)  # a data-wait

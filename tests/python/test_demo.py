@@ -34,7 +34,11 @@ def _run(args, cwd, **env):
 def quick(tmp_path_factory):
     work = tmp_path_factory.mktemp("demo")
     cache = work / "cache"
-    r = _run(["--quick", "--no-progress", "--device", "cpu"], cwd=str(work), TORCHSPEED_DEMO_DATA=str(cache))
+    r = _run(
+        ["--quick", "--no-progress", "--device", "cpu"],
+        cwd=str(work),
+        TORCHSPEED_DEMO_DATA=str(cache),
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return work, cache, r
 
@@ -42,8 +46,16 @@ def quick(tmp_path_factory):
 def test_table_and_doctor_report_are_printed(quick):
     _, _, r = quick
     out = r.stdout
-    for row in ("wall time, training (s)", "images/s", "step median (ms)", "data_wait", "forward",
-                "final train loss", "held-out accuracy (%)", "speedup (torchspeed)"):
+    for row in (
+        "wall time, training (s)",
+        "images/s",
+        "step median (ms)",
+        "data_wait",
+        "forward",
+        "final train loss",
+        "held-out accuracy (%)",
+        "speedup (torchspeed)",
+    ):
         assert row in out, (row, out[-3000:])
     assert "PyTorch (DataLoader+PIL, torch AdamW)" in out and "torchspeed (native loader" in out
     assert "The doctor on the baseline run" in out and "phase" in out and "share" in out

@@ -21,7 +21,12 @@ def _env():
 
 def _run(args, cwd, timeout=300):
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+        [sys.executable, *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -31,8 +36,14 @@ def _example(name):
 
 def test_every_python_example_is_covered():
     # A new example must be added here (or to the consumer script) so that CI runs it.
-    covered = {"optim_amp.py", "loader_resume.py", "profile_doctor.py", "ddp_accumulate.py",
-               "train_plain_torch.py", "prune_int8.py"}
+    covered = {
+        "optim_amp.py",
+        "loader_resume.py",
+        "profile_doctor.py",
+        "ddp_accumulate.py",
+        "train_plain_torch.py",
+        "prune_int8.py",
+    }
     found = {f for f in os.listdir(EXAMPLES) if f.endswith(".py")}
     assert found <= covered, sorted(found - covered)
 
@@ -62,8 +73,20 @@ def test_profile_doctor(tmp_path):
 
 def test_train_plain_torch_under_the_doctor(tmp_path):
     r = _run(
-        ["-m", "torchspeed.cli", "doctor", "--steps", "4", "--out", str(tmp_path / "doc"), "--",
-         "python", _example("train_plain_torch.py"), "--epochs", "1"],
+        [
+            "-m",
+            "torchspeed.cli",
+            "doctor",
+            "--steps",
+            "4",
+            "--out",
+            str(tmp_path / "doc"),
+            "--",
+            "python",
+            _example("train_plain_torch.py"),
+            "--epochs",
+            "1",
+        ],
         str(tmp_path),
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -74,9 +97,20 @@ def test_train_plain_torch_under_the_doctor(tmp_path):
 def test_ddp_accumulate_under_torchrun(tmp_path):
     save = tmp_path / "params.pt"
     r = _run(
-        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         _example("ddp_accumulate.py"), "--steps", "2", "--accumulation-steps", "2",
-         "--save", str(save)],
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            _example("ddp_accumulate.py"),
+            "--steps",
+            "2",
+            "--accumulation-steps",
+            "2",
+            "--save",
+            str(save),
+        ],
         str(tmp_path),
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
 import sys
 import time
 from typing import List, Optional
@@ -49,20 +47,70 @@ def build_parser() -> argparse.ArgumentParser:
         "side (docs/DEMO.md).",
     )
     ap.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
-    ap.add_argument("--steps", type=int, default=None, help=f"training steps per run (default {DEFAULTS['full'][0]}, --quick {DEFAULTS['quick'][0]})")
-    ap.add_argument("--batch-size", type=int, default=None, help=f"default {DEFAULTS['full'][1]} (--quick {DEFAULTS['quick'][1]})")
-    ap.add_argument("--image-size", type=int, default=None, help=f"crop size in pixels (default {DEFAULTS['full'][2]}, --quick {DEFAULTS['quick'][2]})")
-    ap.add_argument("--workers", type=int, default=None, help="loader workers in both runs (default: the cores this process may use)")
-    ap.add_argument("--out", default=None, help="output folder (default $TORCHSPEED_RESULTS_DIR/demo, else ./torchspeed_results/demo)")
-    ap.add_argument("--data-dir", default=None, help=f"dataset cache root (default ${ENV_DATA_DIR}, else $XDG_CACHE_HOME/torchspeed or ~/.cache/torchspeed)")
-    ap.add_argument("--quick", action="store_true", help="a short run CI can afford: 480 + 160 images, 12 steps of 32 at 48 px")
-    ap.add_argument("--amp", choices=("auto", "off", "bf16", "fp16"), default="auto", help="autocast in every run: auto = fp16 + GradScaler on CUDA, off on the CPU (default)")
-    ap.add_argument("--decode-scaling", choices=("fast", "accurate", "off"), default="fast", help="torchspeed loader's JPEG decode-time scaling (default fast)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"training steps per run (default {DEFAULTS['full'][0]}, --quick {DEFAULTS['quick'][0]})",
+    )
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"default {DEFAULTS['full'][1]} (--quick {DEFAULTS['quick'][1]})",
+    )
+    ap.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        help=f"crop size in pixels (default {DEFAULTS['full'][2]}, --quick {DEFAULTS['quick'][2]})",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="loader workers in both runs (default: the cores this process may use)",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default $TORCHSPEED_RESULTS_DIR/demo, else ./torchspeed_results/demo)",
+    )
+    ap.add_argument(
+        "--data-dir",
+        default=None,
+        help=f"dataset cache root (default ${ENV_DATA_DIR}, else $XDG_CACHE_HOME/torchspeed or ~/.cache/torchspeed)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run CI can afford: 480 + 160 images, 12 steps of 32 at 48 px",
+    )
+    ap.add_argument(
+        "--amp",
+        choices=("auto", "off", "bf16", "fp16"),
+        default="auto",
+        help="autocast in every run: auto = fp16 + GradScaler on CUDA, off on the CPU (default)",
+    )
+    ap.add_argument(
+        "--decode-scaling",
+        choices=("fast", "accurate", "off"),
+        default="fast",
+        help="torchspeed loader's JPEG decode-time scaling (default fast)",
+    )
     ap.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate (default 2e-3)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--with-doctor-fixes", action="store_true", help="a third run: torchspeed plus the doctor's torch-level fixes (channels_last; cudnn.benchmark on CUDA)")
+    ap.add_argument(
+        "--with-doctor-fixes",
+        action="store_true",
+        help="a third run: torchspeed plus the doctor's torch-level fixes (channels_last; cudnn.benchmark on CUDA)",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
-    ap.add_argument("--benchmarks", action="store_true", help="run the micro-benchmarks instead (optim, grad_stats, loader, quant, ddp; quick sizes)")
+    ap.add_argument(
+        "--benchmarks",
+        action="store_true",
+        help="run the micro-benchmarks instead (optim, grad_stats, loader, quant, ddp; quick sizes)",
+    )
     return ap
 
 
@@ -73,6 +121,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _benchmarks(extra)
     if extra:
         ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        print(
+            "torchspeed demo: needs Pillow (its dataset and its PyTorch baseline decode JPEGs with "
+            "it): pip install 'torchspeed[demo]'",
+            file=sys.stderr,
+        )
+        return 2
     import torch
 
     from . import dataset, report, train
@@ -83,7 +140,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     batch = args.batch_size if args.batch_size is not None else batch
     size = args.image_size if args.image_size is not None else size
     workers = args.workers if args.workers is not None else dataset.cpu_count()
-    for flag, v, low in (("--steps", steps, 1), ("--batch-size", batch, 1), ("--image-size", size, 16), ("--workers", workers, 0)):
+    for flag, v, low in (
+        ("--steps", steps, 1),
+        ("--batch-size", batch, 1),
+        ("--image-size", size, 16),
+        ("--workers", workers, 0),
+    ):
         if v < low:
             ap.error(f"{flag} must be >= {low}, got {v}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -111,7 +173,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"torchspeed demo: {steps} steps of {batch} images at {size} px ({epochs:.2f} epochs of "
         f"{n_train} images), {workers} loader workers, device {device}, autocast {amp}, "
         f"{dataset.cpu_count()} cores; data in {manifest['folder']}"
-        + (f" (generated in {manifest['generated_s']:.1f} s)" if manifest["generated_s"] else " (cached)"),
+        + (
+            f" (generated in {manifest['generated_s']:.1f} s)"
+            if manifest["generated_s"]
+            else " (cached)"
+        ),
         flush=True,
     )
     cfg = train.Config(
@@ -139,7 +205,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     print()
     print(text)
     print()
-    print("The doctor on the baseline run (torchspeed.profile, the same report as `torchspeed doctor`):")
+    print(
+        "The doctor on the baseline run (torchspeed.profile, the same report as `torchspeed doctor`):"
+    )
     print(results[0].report)
     rec = report.record(results, cfg, manifest, total_s, argv if argv is not None else sys.argv[1:])
     with open(os.path.join(out, "summary.json"), "w") as f:
@@ -148,10 +216,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         f.write(text + "\n\nThe doctor on the baseline run:\n" + results[0].report + "\n")
     png = report.write_png(results, os.path.join(out, "demo.png"))
     print()
-    print(f"results written to {out}: summary.json, report.txt, "
-          + ("demo.png, " if png else "(no demo.png: matplotlib is not installed), ")
-          + ", ".join(f"trace_{k}.json" for k in kinds)
-          + f"; total {total_s:.1f} s")
+    print(
+        f"results written to {out}: summary.json, report.txt, "
+        + ("demo.png, " if png else "(no demo.png: matplotlib is not installed), ")
+        + ", ".join(f"trace_{k}.json" for k in kinds)
+        + f"; total {total_s:.1f} s"
+    )
     return 0
 
 

@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -92,8 +92,10 @@ def _colour(r: np.random.Generator, far_from: Optional[np.ndarray] = None) -> Tu
 
 def _polygon(cx, cy, radius, angle, points) -> List[Tuple[float, float]]:
     return [
-        (cx + radius * rr * math.cos(angle + 2 * math.pi * k / len(points)),
-         cy + radius * rr * math.sin(angle + 2 * math.pi * k / len(points)))
+        (
+            cx + radius * rr * math.cos(angle + 2 * math.pi * k / len(points)),
+            cy + radius * rr * math.sin(angle + 2 * math.pi * k / len(points)),
+        )
         for k, rr in enumerate(points)
     ]
 
@@ -129,8 +131,14 @@ def make_image(index: int, label: int, seed: int = 0) -> bytes:
         for a in (ang, ang + math.pi / 2):
             dx, dy = math.cos(a), math.sin(a)
             draw.polygon(
-                [(cx + dx * rad * 1.2 + s * -dy * t, cy + dy * rad * 1.2 + s * dx * t) for s in (1, -1)]
-                + [(cx - dx * rad * 1.2 + s * -dy * t, cy - dy * rad * 1.2 + s * dx * t) for s in (-1, 1)],
+                [
+                    (cx + dx * rad * 1.2 + s * -dy * t, cy + dy * rad * 1.2 + s * dx * t)
+                    for s in (1, -1)
+                ]
+                + [
+                    (cx - dx * rad * 1.2 + s * -dy * t, cy - dy * rad * 1.2 + s * dx * t)
+                    for s in (-1, 1)
+                ],
                 fill=col,
             )
     elif name == "ring":
@@ -143,9 +151,25 @@ def make_image(index: int, label: int, seed: int = 0) -> bytes:
         for k in range(-2, n):
             a = k * period
             if horizontal:
-                draw.polygon([(0, a), (w, a + tilt * w), (w, a + tilt * w + period / 2), (0, a + period / 2)], fill=col)
+                draw.polygon(
+                    [
+                        (0, a),
+                        (w, a + tilt * w),
+                        (w, a + tilt * w + period / 2),
+                        (0, a + period / 2),
+                    ],
+                    fill=col,
+                )
             else:
-                draw.polygon([(a, 0), (a + tilt * h, h), (a + tilt * h + period / 2, h), (a + period / 2, 0)], fill=col)
+                draw.polygon(
+                    [
+                        (a, 0),
+                        (a + tilt * h, h),
+                        (a + tilt * h + period / 2, h),
+                        (a + period / 2, 0),
+                    ],
+                    fill=col,
+                )
     elif name == "checkerboard":
         cell = r.uniform(0.08, 0.15) * m
         x0, y0 = r.uniform(-cell, 0), r.uniform(-cell, 0)
@@ -192,7 +216,10 @@ def _valid(folder: str, name: str, seed: int) -> Optional[dict]:
         and m.get("seed") == seed
         and m.get("train") == n_train
         and m.get("val") == n_val
-        and all(os.path.isfile(os.path.join(folder, p)) for p in m.get("train_shards", []) + m.get("val_shards", []))
+        and all(
+            os.path.isfile(os.path.join(folder, p))
+            for p in m.get("train_shards", []) + m.get("val_shards", [])
+        )
         and m.get("train_shards")
         and m.get("val_shards")
     )
@@ -211,7 +238,9 @@ def prepare(
     val_urls are absolute shard paths; "generated_s" says how long this call spent generating
     (0 when the cache was reused)."""
     if name not in SIZES:
-        raise ValueError(f"torchspeed.demo: dataset must be one of {', '.join(SIZES)}, got {name!r}")
+        raise ValueError(
+            f"torchspeed.demo: dataset must be one of {', '.join(SIZES)}, got {name!r}"
+        )
     root = os.path.abspath(root or default_root())
     folder = os.path.join(root, f"demo-v{FORMAT_VERSION}-{name}-seed{seed}")
     m = _valid(folder, name, seed)
@@ -222,7 +251,9 @@ def prepare(
         generated_s = time.perf_counter() - t0
         m = _valid(folder, name, seed)
         if m is None:
-            raise RuntimeError(f"torchspeed.demo: the dataset in {folder} is incomplete after generation")
+            raise RuntimeError(
+                f"torchspeed.demo: the dataset in {folder} is incomplete after generation"
+            )
     m = dict(m)
     m["folder"] = folder
     m["train_urls"] = [os.path.join(folder, p) for p in m["train_shards"]]
@@ -247,10 +278,16 @@ def _generate(folder: str, name: str, seed: int, workers: Optional[int], progres
         # fork: the children only run numpy and Pillow (no torch threads, no loader).
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        bar = _bar(total, progress, f"generating the demo images ({name}, once; cached in {parent})")
+        bar = _bar(
+            total, progress, f"generating the demo images ({name}, once; cached in {parent})"
+        )
         counts = [0] * len(CLASSES)
         nbytes = 0
-        with ctx.Pool(max(1, workers)) as pool, ShardWriter(tmp, "train", per_shard) as wtrain, ShardWriter(tmp, "val", per_shard) as wval:
+        with (
+            ctx.Pool(max(1, workers)) as pool,
+            ShardWriter(tmp, "train", per_shard) as wtrain,
+            ShardWriter(tmp, "val", per_shard) as wval,
+        ):
             for results in pool.imap(_make_chunk, jobs):
                 for i, label, data in results:
                     w, key = (wtrain, f"train{i:06d}") if i < n_train else (wval, f"val{i:06d}")

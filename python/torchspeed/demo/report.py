@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-import os
 import platform
 import time
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..profile.summary import PHASES
 
@@ -55,7 +54,10 @@ def table(results: Sequence, cfg) -> str:
     row("held-out eval (s, not in the wall time)", [r.eval_s for r in results], faster)
     widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
     lines = [
-        "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        "  ".join(
+            str(c).ljust(w) if i == 0 else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths))
+        )
         for r in [head] + rows
     ]
     lines.insert(1, "-" * len(lines[0]))
@@ -68,6 +70,8 @@ def table(results: Sequence, cfg) -> str:
         f"{100 * base.heldout_acc:.1f} % vs {100 * results[1].heldout_acc:.1f} % "
         f"({acc_gap:.1f} points apart; chance is 10 %)."
     )
+    for r in results[2:]:
+        lines.append(f"{r.label}: {', '.join(r.notes) or 'nothing to apply'}.")
     limit = max(_SHOWN_PHASES, key=lambda p: results[1].summary.phases[p].share)
     lines.append(
         f"torchspeed's step is now {100 * results[1].summary.phases[limit].share:.0f} % {limit} "
@@ -167,7 +171,15 @@ def record(results: Sequence, cfg, manifest: dict, total_s: float, argv) -> dict
         },
         "dataset": {
             k: manifest[k]
-            for k in ("folder", "train", "val", "classes", "mean_jpeg_kb", "generation_s", "generated_s")
+            for k in (
+                "folder",
+                "train",
+                "val",
+                "classes",
+                "mean_jpeg_kb",
+                "generation_s",
+                "generated_s",
+            )
             if k in manifest
         },
         "speedup_wall": base.wall_s / results[1].wall_s,
@@ -191,8 +203,15 @@ def write_png(results: Sequence, path: str) -> Optional[str]:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     for r in results:
         k = max(1, len(r.losses) // 25)
-        smooth = [sum(r.losses[max(0, i - k + 1) : i + 1]) / len(r.losses[max(0, i - k + 1) : i + 1]) for i in range(len(r.losses))]
-        (line,) = ax1.plot(r.times_s, smooth, label=f"{r.label}: {r.wall_s:.1f} s, {100 * r.heldout_acc:.1f} % held-out")
+        smooth = [
+            sum(r.losses[max(0, i - k + 1) : i + 1]) / len(r.losses[max(0, i - k + 1) : i + 1])
+            for i in range(len(r.losses))
+        ]
+        (line,) = ax1.plot(
+            r.times_s,
+            smooth,
+            label=f"{r.label}: {r.wall_s:.1f} s, {100 * r.heldout_acc:.1f} % held-out",
+        )
         ax1.plot(r.times_s, r.losses, color=line.get_color(), alpha=0.2, linewidth=0.8)
     ax1.set_xlabel("wall time (s)")
     ax1.set_ylabel("train loss")

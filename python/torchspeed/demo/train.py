@@ -131,7 +131,9 @@ def _autocast(cfg: Config):
 # ---- loaders -----------------------------------------------------------------------------------
 def _torch_loaders(cfg: Config, manifest: dict, seed: int):
     cuda = torch.device(cfg.device).type == "cuda"
-    train = bl.TarShardDataset(manifest["train_urls"], bl.train_transform(cfg.image_size, cfg.scale))
+    train = bl.TarShardDataset(
+        manifest["train_urls"], bl.train_transform(cfg.image_size, cfg.scale)
+    )
     common = dict(
         num_workers=cfg.workers,
         pin_memory=cuda,
@@ -212,6 +214,18 @@ class _GpuNormalize:
         return x
 
 
+def _model_input(x: torch.Tensor, prepare, channels_last: bool) -> torch.Tensor:
+    if prepare is not None:  # uint8 on the GPU -> normalized float
+        return prepare(x)
+    if channels_last:  # the C++ loader wrote NHWC: the same memory seen as NCHW channels_last
+        return (
+            x.permute(0, 3, 1, 2)
+            if x.shape[-1] == 3
+            else x.contiguous(memory_format=torch.channels_last)
+        )
+    return x
+
+
 # ---- one run -----------------------------------------------------------------------------------
 def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()) -> RunResult:
     """kind: "baseline" (idiomatic PyTorch), "torchspeed", or "doctor_fixes" (torchspeed plus the
@@ -252,7 +266,9 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
     to_device = kind == "baseline" and cuda  # torchspeed's loader prefetches on a side stream
 
-    prof = tsp.StepProfiler(hooks=True, device="cuda" if cuda else "cpu", warmup=min(5, cfg.steps // 5))
+    prof = tsp.StepProfiler(
+        hooks=True, device="cuda" if cuda else "cpu", warmup=min(5, cfg.steps // 5)
+    )
     bar = _bar(cfg.steps, cfg.progress, labels[kind])
     losses: List[torch.Tensor] = []
     times: List[float] = []
@@ -280,10 +296,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
                         x = x.to(device, non_blocking=True)
                         y = y.to(device, non_blocking=True)
                 with tsp.phase("forward"):
-                    if prepare is not None:
-                        x = prepare(x)
-                    elif fixes:
-                        x = x.contiguous(memory_format=torch.channels_last)
+                    x = _model_input(x, prepare, fixes)
                     with _autocast(cfg):
                         loss = F.cross_entropy(model(x), y)
                 with tsp.phase("backward"):
@@ -318,10 +331,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         for x, y in vdl:
             if to_device:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            if prepare is not None:
-                x = prepare(x)
-            elif fixes:
-                x = x.contiguous(memory_format=torch.channels_last)
+            x = _model_input(x, prepare, fixes)
             correct += int((model(x).argmax(1) == y).sum())
             total += int(y.shape[0])
     eval_s = time.perf_counter() - t1
