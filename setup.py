@@ -110,7 +110,9 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     install_requires=_torch_requirement() + ["numpy", "tqdm"],
     # pip install torchspeed[bench]: the loader benchmark (and write_shards conversions) use Pillow.
-    extras_require={"bench": ["pillow"]},
+    # pip install torchspeed[demo]: `torchspeed demo` (Pillow for its images and its PyTorch
+    # baseline, matplotlib for demo.png; without matplotlib it writes everything but the PNG).
+    extras_require={"bench": ["pillow"], "demo": ["pillow", "matplotlib"]},
     entry_points={"console_scripts": ["torchspeed=torchspeed.cli:main"]},
     zip_safe=False,
 )

@@ -70,6 +70,16 @@ cmake -S examples/cpp -B build/examples -G Ninja -DCMAKE_PREFIX_PATH="$WHEEL_CMA
 cmake --build build/examples >>build/examples.log 2>&1 || { cat build/examples.log; exit 1; }
 build/examples/train_mlp 200
 check_openmp build/examples/train_mlp
+if [ -x build/examples/train_loader ]; then
+  # The loader + fused AdamW + profiler app on the demo's quick shards (generated once, cached).
+  echo "examples/cpp/train_loader on torchspeed demo's quick shards:"
+  mapfile -t shards < <(cd /tmp && "$PY" -c 'import sys; from torchspeed.demo import dataset
+m = dataset.prepare("quick", sys.argv[1], progress=False)
+print("\n".join(m["train_urls"]))' "$PWD/build/demo-data")
+  build/examples/train_loader 30 build/examples/train_loader_trace.json "${shards[@]}"
+  "$PY" -c 'import json, sys; assert json.load(open(sys.argv[1]))["traceEvents"]' \
+    build/examples/train_loader_trace.json
+fi
 if [ -x build/examples/ddp_train ]; then
   # The C++ and Python fronts of AccumulatingDDP on the same formulas: the same parameters.
   echo "examples/cpp/ddp_train and examples/python/ddp_accumulate.py under torchrun (2 ranks, Gloo):"

@@ -147,6 +147,17 @@ else
   skip bench_loader_gpu "built without the data part (TORCHSPEED_WITH_DATA=OFF)"
 fi
 
+# ---- the end-to-end demo on the GPU: torch's DataLoader + PIL + torch AdamW vs torchspeed's loader
+# (uint8 batches prefetched on a side stream, normalized on the GPU) + fused AdamW, fp16 autocast +
+# GradScaler in both, plus the doctor's fixes (channels_last, cudnn.benchmark). First run generates
+# the dataset (~10,000 JPEGs, cached in ~/.cache/torchspeed). Writes summary.json, demo.png, traces.
+if "$PYTHON" -c 'import sys, torchspeed._C as C; sys.exit(0 if hasattr(C, "data") else 1)'; then
+  step demo_cuda 420 "$PYTHON" -m torchspeed.cli demo --device cuda --steps 400 --batch-size 128 \
+    --image-size 64 --with-doctor-fixes --no-progress --out "$RESULTS/demo_cuda"
+else
+  skip demo_cuda "built without the data part (TORCHSPEED_WITH_DATA=OFF)"
+fi
+
 # ---- summary --------------------------------------------------------------------------------------
 echo
 echo "==== summary (total $(($(date +%s) - T0))s, log $LOG)"

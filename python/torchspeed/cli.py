@@ -1,6 +1,7 @@
 """The `torchspeed` command: `torchspeed info`, `torchspeed bench NAME` (one benchmark against its
-torch anchor; `torchspeed bench --list`), `torchspeed demo` (until the training demo lands: the
-optimizer, grad_stats and loader benchmarks side by side with their torch anchors),
+torch anchor; `torchspeed bench all` runs them all in their quick sizes), `torchspeed demo` (the
+end-to-end training demo: the same small CNN trained as idiomatic PyTorch and with torchspeed,
+side by side; `torchspeed demo --benchmarks`: the micro-benchmarks instead),
 `torchspeed doctor [--steps N] -- python train.py ARGS` (profile an unmodified training script:
 step breakdown and ranked advice).
 
@@ -22,11 +23,13 @@ def main(argv=None) -> int:
         help="run one benchmark against its torch anchor",
         epilog="benchmarks: " + "; ".join(f"{k}: {v[1]}" for k, v in benchmarks.BENCHMARKS.items()),
     )
-    b.add_argument("name", choices=list(benchmarks.BENCHMARKS), metavar="NAME")
+    b.add_argument("name", choices=[*benchmarks.BENCHMARKS, "all"], metavar="NAME")
     b.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own (NAME --help)")
-    d = sub.add_parser("demo", help="the main job: torchspeed vs torch, side by side")
-    d.add_argument(
-        "--full", action="store_true", help="full-size sets (minutes) instead of --quick"
+    sub.add_parser(
+        "demo",
+        help="the main job: the same CNN trained as idiomatic PyTorch and with torchspeed, "
+        "side by side (torchspeed demo --help)",
+        add_help=False,
     )
     doc = sub.add_parser(
         "doctor",
@@ -61,6 +64,10 @@ def main(argv=None) -> int:
         import sys
 
         argv = sys.argv[1:]
+    if argv and argv[0] == "demo":  # its own parser (python -m torchspeed.demo is the same)
+        from .demo import main as demo_main
+
+        return demo_main(argv[1:])
     if argv and argv[0] == "doctor":
         # Everything after `--` (or after the options) is the script's: argparse must not read it.
         args = ap.parse_args(argv)
@@ -85,19 +92,15 @@ def main(argv=None) -> int:
         from . import info
 
         return info.main(extra)
+    if args.cmd == "bench" and args.name == "all":
+        from .demo import _benchmarks
+
+        return _benchmarks(args.args + extra)
     if args.cmd == "bench":
         return benchmarks.run(args.name, args.args + extra)
-    quick = [] if args.full else ["--quick"]
-    print(
-        "torchspeed demo: fused optimizer step, gradient statistics, the loader, int8 quantize "
-        "and gradient-accumulating DDP (2 Gloo ranks) vs torch\n"
-    )
-    status = 0
-    for i, name in enumerate(("optim", "grad_stats", "loader", "quant", "ddp")):
-        if i:
-            print()
-        status |= benchmarks.run(name, quick + extra)
-    return status
+    from .demo import main as demo_main
+
+    return demo_main(extra)
 
 
 if __name__ == "__main__":
