@@ -286,8 +286,8 @@ cudaError_t launch_int8_linear(const int8_t* a, const float* a_scale, const int8
 
 cudaError_t quantize_rows_int8(DType in_dtype, const void* x, int64_t rows, int64_t cols, int8_t* q,
                                float* scale, cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || rows > 2147483647LL) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  if (rows > 2147483647LL || cols < 0) return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>(rows);
   switch (in_dtype) {
     case DType::kFloat:
@@ -311,7 +311,8 @@ cudaError_t quantize_rows_int8(DType in_dtype, const void* x, int64_t rows, int6
 cudaError_t int8_linear(const int8_t* a, const float* a_scale, const int8_t* w,
                         const float* w_scale, const float* bias, bool relu, DType out_dtype,
                         void* out, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
-  if (M < 1 || N < 1 || K < 1) return cudaErrorInvalidValue;
+  if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+  if (M == 0 || N == 0) return cudaSuccess;  // nothing to write (K == 0 writes act(bias))
   switch (out_dtype) {
     case DType::kFloat:
       return launch_int8_linear(a, a_scale, w, w_scale, bias, relu, static_cast<float*>(out), M, N,
