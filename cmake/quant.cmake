@@ -17,6 +17,7 @@ set(TORCHSPEED_QUANT_SOURCES
 set(TORCHSPEED_QUANT_CUDA_SOURCES
   "${_ts_root}/csrc/kernels/cuda/quant.cu"
   "${_ts_root}/csrc/kernels/cuda/fake_quant.cu"
+  "${_ts_root}/csrc/kernels/cuda/int8_linear.cu"
   "${_ts_root}/csrc/ops/cuda/quant_cuda.cpp"
   "${_ts_root}/csrc/ops/cuda/int8_linear_cuda.cpp"
 )

@@ -520,3 +520,53 @@ TEST_CASE("prune kernels: pack/unpack round trip, apply bit-exact, N:M and thres
     REQUIRE(bits[1] == 0);
   }
 }
+
+TEST_CASE("fake-quant and its backward equal the int64/double formula on every ISA") {
+  for (const CpuKernelTable* table : runnable_tables()) {
+    for (int64_t n : {0, 1, 7, 8, 15, 16, 17, 33, 1000}) {
+      std::vector<float> x =
+          random_floats(static_cast<size_t>(n), 21 + static_cast<uint32_t>(n), 60.f);
+      const float ties[] = {0.5f, 1.5f, 2.5f, -0.5f, 1e30f, -1e30f, 126.5f, -128.5f, 3.5f};
+      for (size_t i = 0; i < x.size() && i < 9; ++i) x[i] = ties[i];
+      std::vector<bf16> xb(static_cast<size_t>(n)), yb(static_cast<size_t>(n));
+      for (size_t i = 0; i < x.size(); ++i) xb[i] = to_bf16(x[i]);
+      std::vector<float> y(static_cast<size_t>(n)), g(static_cast<size_t>(n)),
+          gx(static_cast<size_t>(n));
+      std::vector<uint8_t> mask(static_cast<size_t>(n)), maskb(static_cast<size_t>(n));
+      for (size_t i = 0; i < g.size(); ++i) g[i] = x[i] * 0.5f - 1.f;
+      for (const float zp : {0.f, 9.f}) {
+        for (const float qmax : {127.f, 7.f}) {
+          const float qmin = qmax == 7.f ? -8.f : -128.f, scale = 0.5f, inv = 2.f;
+          REQUIRE(table->quant.fake_quantize(DType::kFloat, x.data(), y.data(), mask.data(), n,
+                                             scale, inv, zp, qmin, qmax));
+          REQUIRE(table->quant.fake_quantize(DType::kBFloat16, xb.data(), yb.data(), maskb.data(),
+                                             n, scale, inv, zp, qmin, qmax));
+          REQUIRE(table->quant.fake_quantize_backward(DType::kFloat, g.data(), mask.data(),
+                                                      gx.data(), n));
+          for (size_t i = 0; i < x.size(); ++i) {
+            INFO(table->name << " n=" << n << " i=" << i << " x=" << x[i] << " zp=" << zp);
+            // torch's definition: an int64 q before the clamp, the product in double
+            const auto want = [&](float v, double& out) {
+              const double r = std::nearbyint(static_cast<double>(v) * inv) + zp;
+              const bool in = r >= qmin && r <= qmax;
+              out = (std::min<double>(qmax, std::max<double>(qmin, r)) - zp) * scale;
+              return in;
+            };
+            double wy = 0;
+            const bool in = want(x[i], wy);
+            REQUIRE(y[i] == static_cast<float>(wy));
+            REQUIRE(mask[i] == (in ? 1 : 0));
+            REQUIRE(gx[i] == (in ? g[i] : 0.f * g[i]));
+            const bool inb = want(to_float(xb[i]), wy);
+            REQUIRE(to_float(yb[i]) == to_float(to_bf16(static_cast<float>(wy))));
+            REQUIRE(maskb[i] == (inb ? 1 : 0));
+          }
+        }
+      }
+    }
+    double d = 1;
+    uint8_t m = 0;
+    CHECK_FALSE(table->quant.fake_quantize(DType::kDouble, &d, &d, &m, 1, 1.f, 1.f, 0.f, 0.f, 1.f));
+    CHECK_FALSE(table->quant.fake_quantize_backward(DType::kDouble, &d, &m, &d, 1));
+  }
+}

@@ -15,28 +15,47 @@
 namespace torchspeed::kernels::cuda {
 namespace {
 
-__device__ __forceinline__ int64_t fq_scale_index(int64_t i, const QuantLayout& l) {
-  if (l.groups == 0) return 0;
-  const int64_t r = i / l.cols, c = i - r * l.cols;
-  return r * l.groups + c / (l.cols / l.groups);
+/// The element's scale index. Index arithmetic is the cost of a memory-bound kernel: per tensor
+/// needs none, and tensors below 2^31 elements divide in 32 bits (Idx = uint32_t).
+template <typename Idx>
+__device__ __forceinline__ Idx fq_scale_index(Idx i, Idx cols, Idx group_size, Idx groups) {
+  const Idx r = i / cols, c = i - r * cols;
+  return r * groups + c / group_size;
 }
 
-template <typename T>
+template <typename T, typename Idx>
 __global__ void fake_quantize_kernel(const T* __restrict__ x, T* __restrict__ y,
                                      uint8_t* __restrict__ mask, QuantLayout l,
                                      const float* __restrict__ scale,
                                      const int32_t* __restrict__ zero_point, float qmin, float qmax,
                                      int64_t n) {
+  const bool per_tensor = l.groups == 0;
+  const Idx cols = static_cast<Idx>(l.cols), groups = static_cast<Idx>(l.groups);
+  const Idx group_size = per_tensor ? Idx{1} : static_cast<Idx>(l.cols / l.groups);
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    const int64_t s = fq_scale_index(i, l);
+    const Idx s =
+        per_tensor ? Idx{0} : fq_scale_index<Idx>(static_cast<Idx>(i), cols, group_size, groups);
     const float sc = scale[s];
     const float zp = zero_point ? static_cast<float>(zero_point[s]) : 0.f;
     bool in_range = false;
     const float v = fake_quant_element(to_acc(x[i]), sc, __frcp_rn(sc), zp, qmin, qmax, in_range);
     y[i] = from_acc<T>(v);
     mask[i] = in_range ? 1 : 0;
+  }
+}
+
+template <typename T>
+void launch_fake_quantize(const T* x, T* y, uint8_t* mask, QuantLayout l, const float* scale,
+                          const int32_t* zero_point, float qmin, float qmax, int64_t n, int blocks,
+                          int threads, cudaStream_t stream) {
+  if (n <= 0x7fffffffLL) {
+    fake_quantize_kernel<T, uint32_t>
+        <<<blocks, threads, 0, stream>>>(x, y, mask, l, scale, zero_point, qmin, qmax, n);
+  } else {
+    fake_quantize_kernel<T, int64_t>
+        <<<blocks, threads, 0, stream>>>(x, y, mask, l, scale, zero_point, qmin, qmax, n);
   }
 }
 
@@ -91,19 +110,17 @@ cudaError_t fake_quantize(DType dtype, const void* x, void* y, uint8_t* mask, Qu
   const int blocks = fq_grid(n, kThreads);
   switch (dtype) {
     case DType::kFloat:
-      fake_quantize_kernel<<<blocks, kThreads, 0, stream>>>(
-          static_cast<const float*>(x), static_cast<float*>(y), mask, layout, scale, zero_point,
-          quant_min, quant_max, n);
+      launch_fake_quantize(static_cast<const float*>(x), static_cast<float*>(y), mask, layout,
+                           scale, zero_point, quant_min, quant_max, n, blocks, kThreads, stream);
       break;
     case DType::kBFloat16:
-      fake_quantize_kernel<<<blocks, kThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), mask, layout, scale,
-          zero_point, quant_min, quant_max, n);
+      launch_fake_quantize(static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y),
+                           mask, layout, scale, zero_point, quant_min, quant_max, n, blocks,
+                           kThreads, stream);
       break;
     case DType::kHalf:
-      fake_quantize_kernel<<<blocks, kThreads, 0, stream>>>(
-          static_cast<const __half*>(x), static_cast<__half*>(y), mask, layout, scale, zero_point,
-          quant_min, quant_max, n);
+      launch_fake_quantize(static_cast<const __half*>(x), static_cast<__half*>(y), mask, layout,
+                           scale, zero_point, quant_min, quant_max, n, blocks, kThreads, stream);
       break;
     default:
       return cudaErrorInvalidValue;

@@ -74,20 +74,21 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int src_bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(src_bytes));
+               "r"(src_bytes)
+               : "memory");
 #else
   *static_cast<int4*>(smem) = valid ? *static_cast<const int4*>(gmem) : make_int4(0, 0, 0, 0);
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
@@ -285,8 +286,8 @@ cudaError_t launch_int8_linear(const int8_t* a, const float* a_scale, const int8
 
 cudaError_t quantize_rows_int8(DType in_dtype, const void* x, int64_t rows, int64_t cols, int8_t* q,
                                float* scale, cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || rows > 2147483647LL) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  if (rows > 2147483647LL || cols < 0) return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>(rows);
   switch (in_dtype) {
     case DType::kFloat:
@@ -310,7 +311,8 @@ cudaError_t quantize_rows_int8(DType in_dtype, const void* x, int64_t rows, int6
 cudaError_t int8_linear(const int8_t* a, const float* a_scale, const int8_t* w,
                         const float* w_scale, const float* bias, bool relu, DType out_dtype,
                         void* out, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
-  if (M < 1 || N < 1 || K < 1) return cudaErrorInvalidValue;
+  if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+  if (M == 0 || N == 0) return cudaSuccess;  // nothing to write (K == 0 writes act(bias))
   switch (out_dtype) {
     case DType::kFloat:
       return launch_int8_linear(a, a_scale, w, w_scale, bias, relu, static_cast<float*>(out), M, N,

@@ -117,6 +117,7 @@ def _fake_quant_rows(h: Harness, x: torch.Tensor, gran: str) -> None:
             lambda fq=fq: torch.autograd.grad(fq(), xg, grad),
             bytes_moved=18 * n,
             anchor=anchor,
+            repeats=11,
         )
 
 
