@@ -116,6 +116,11 @@ step test_dist_cuda 90 "$PYTHON" -m pytest -q -rs -k "cuda or nccl" tests/python
 step test_quant_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_quant.py
 step bench_quant 60 "$PYTHON" -m torchspeed.cli bench quant --quick --device cuda
 
+# Pruning on the GPU: the packed-mask ops (the `device` fixture's cuda variants) and the 2:4 export
+# through torch's semi-structured sparse matmul (allclose to the dense masked matmul), and the bench.
+step test_prune_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_prune.py
+step bench_prune 60 "$PYTHON" -m torchspeed.cli bench prune --quick --device cuda
+
 # A CUDA graph that captured opt.step() + sched.step() follows the LR schedule on replay.
 step test_train_utils_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_train_utils.py
 

@@ -36,7 +36,8 @@ __global__ void pack_kernel(const uint8_t* __restrict__ bools, uint8_t* __restri
 
 __global__ void unpack_kernel(const uint8_t* __restrict__ bits, uint8_t* __restrict__ bools,
                               int64_t n) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) bools[i] = (bits[i >> 3] >> (i & 7)) & 1;
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    bools[i] = (bits[i >> 3] >> (i & 7)) & 1;
 }
 
 template <typename T>
@@ -113,8 +114,8 @@ cudaError_t prune_apply_mask(void* w, int elem_size, const uint8_t* bits, int64_
   return cudaGetLastError();
 }
 
-cudaError_t prune_nm_mask(const void* w, int elem_size, int64_t numel, int n, int m,
-                          uint8_t* bits, cudaStream_t stream) {
+cudaError_t prune_nm_mask(const void* w, int elem_size, int64_t numel, int n, int m, uint8_t* bits,
+                          cudaStream_t stream) {
   if (numel == 0) return cudaSuccess;
   if (m < 1 || m > 256 || n < 0 || n > m || numel % m != 0) return cudaErrorInvalidValue;
   const int blocks = blocks_for((numel + 7) / 8);

@@ -40,9 +40,8 @@ at::Tensor pack_mask_cpu(const PackMaskArgs& a) {
   at::Tensor out = at::empty({packed_mask_bytes(n)}, a.mask.options().dtype(at::kByte));
   const auto* in = reinterpret_cast<const uint8_t*>(a.mask.const_data_ptr<bool>());
   uint8_t* o = out.data_ptr<uint8_t>();
-  for_each_range(n, kChunkElements, [&](int64_t b, int64_t len) {
-    k.pack_mask(in + b, o + b / 8, len);
-  });
+  for_each_range(n, kChunkElements,
+                 [&](int64_t b, int64_t len) { k.pack_mask(in + b, o + b / 8, len); });
   return out;
 }
 
@@ -52,9 +51,8 @@ at::Tensor unpack_mask_cpu(const UnpackMaskArgs& a) {
   at::Tensor out = at::empty(a.shape, a.packed.options().dtype(at::kBool));
   const uint8_t* in = a.packed.const_data_ptr<uint8_t>();
   auto* o = reinterpret_cast<uint8_t*>(out.data_ptr<bool>());
-  for_each_range(n, kChunkElements, [&](int64_t b, int64_t len) {
-    k.unpack_mask(in + b / 8, o + b, len);
-  });
+  for_each_range(n, kChunkElements,
+                 [&](int64_t b, int64_t len) { k.unpack_mask(in + b / 8, o + b, len); });
   return out;
 }
 
@@ -64,9 +62,8 @@ void apply_mask_cpu(const ApplyMaskArgs& a) {
   const int es = static_cast<int>(a.w.element_size());
   char* w = static_cast<char*>(a.w.data_ptr());
   const uint8_t* bits = a.packed.const_data_ptr<uint8_t>();
-  for_each_range(a.w.numel(), kChunkElements, [&](int64_t b, int64_t len) {
-    k.apply_mask(w + b * es, es, bits + b / 8, len);
-  });
+  for_each_range(a.w.numel(), kChunkElements,
+                 [&](int64_t b, int64_t len) { k.apply_mask(w + b * es, es, bits + b / 8, len); });
 }
 
 at::Tensor nm_mask_cpu(const NmMaskArgs& a) {

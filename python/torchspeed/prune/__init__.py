@@ -260,7 +260,9 @@ def apply(
     "l1_unstructured" (per tensor), "global_unstructured" (one threshold across all of them),
     "ln_structured" (output channels by L-``norm``, along ``dim``), "nm" (n:m along the input)."""
     if method not in _METHODS:
-        raise ValueError(f"torchspeed.prune.apply: method must be one of {_METHODS}, got {method!r}")
+        raise ValueError(
+            f"torchspeed.prune.apply: method must be one of {_METHODS}, got {method!r}"
+        )
     targets = prunable_parameters(model, types)
     if method == "global_unstructured":
         global_unstructured(targets, amount, optimizer=optimizer)
@@ -280,9 +282,11 @@ def remove(module: nn.Module, name: Optional[str] = None, optimizer=None) -> nn.
     submodules); the zeros stay in the weight (as torch's remove makes pruning permanent)."""
     mods = [module] if name is not None else list(module.modules())
     for mod in mods:
-        names = [name] if name is not None else [
-            b[: -len(MASK_SUFFIX)] for b in list(mod._buffers) if b.endswith(MASK_SUFFIX)
-        ]
+        names = (
+            [name]
+            if name is not None
+            else [b[: -len(MASK_SUFFIX)] for b in list(mod._buffers) if b.endswith(MASK_SUFFIX)]
+        )
         for nm in names:
             key = nm + MASK_SUFFIX
             if key not in mod._buffers:

@@ -69,10 +69,12 @@ TEST_CASE("the prune ops reject bad input before writing, with the argument name
         std::string::npos);
   CHECK(msg([&] { torchspeed::magnitude_mask(w, 25); }).find("amount must be in [0, numel = 24]") !=
         std::string::npos);
-  CHECK(msg([&] { torchspeed::apply_mask_(w, torch::zeros({2}, torch::kByte)); })
-            .find("packed must have ceil(24 / 8) = 3 bytes") != std::string::npos);
-  CHECK(msg([&] { torchspeed::apply_mask_(w, torch::zeros({3}, torch::kFloat)); })
-            .find("packed must be uint8") != std::string::npos);
+  CHECK(msg([&] {
+          torchspeed::apply_mask_(w, torch::zeros({2}, torch::kByte));
+        }).find("packed must have ceil(24 / 8) = 3 bytes") != std::string::npos);
+  CHECK(msg([&] {
+          torchspeed::apply_mask_(w, torch::zeros({3}, torch::kFloat));
+        }).find("packed must be uint8") != std::string::npos);
   REQUIRE(torch::equal(w, before));
 }
 
