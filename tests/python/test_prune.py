@@ -437,3 +437,45 @@ def test_to_semi_structured_matmul_cuda():
     report = prune.to_semi_structured(lin)
     assert report["<root>"] == "converted", report
     assert_close(lin(x), dense, rtol=1e-2, atol=1e-2)
+
+
+def test_optimizer_op_takes_packed_masks_only():
+    # The fused ops' `masks` list holds packed uint8 masks (or empty tensors): a dense float mask
+    # or a wrong byte count is rejected before anything is written.
+    p, g = torch.randn(20), torch.randn(20)
+    before = p.clone()
+    for bad in (torch.ones(20), torch.full((2,), 255, dtype=torch.uint8)):
+        with pytest.raises(RuntimeError, match=r"masks\[0\] must be a bit-packed mask"):
+            torch.ops.torchspeed.sgd_step_(
+                [p],
+                [g],
+                [],
+                [],
+                [bad],
+                [],
+                lr=0.1,
+                momentum=0.0,
+                dampening=0.0,
+                weight_decay=0.0,
+                nesterov=False,
+                maximize=False,
+                first_step=True,
+            )
+    assert torch.equal(p, before)
+    keep = torch.arange(20) % 3 != 0
+    torch.ops.torchspeed.sgd_step_(
+        [p],
+        [g],
+        [],
+        [],
+        [pack_mask(keep)],
+        [],
+        lr=0.1,
+        momentum=0.0,
+        dampening=0.0,
+        weight_decay=0.0,
+        nesterov=False,
+        maximize=False,
+        first_step=True,
+    )
+    assert_close(p, torch.where(keep, before - 0.1 * g, torch.zeros_like(p)))
