@@ -327,8 +327,9 @@ def load_state_dict(model: nn.Module, state_dict: Dict[str, torch.Tensor], stric
             continue
         path, _, buf = key.rpartition(".")
         mod = model.get_submodule(path) if path else model
-        if buf not in mod._buffers:
-            mod.register_buffer(buf, torch.empty_like(value))
+        if buf not in mod._buffers:  # on the weight's device, as pruning would have put it
+            weight = _param(mod, buf[: -len(MASK_SUFFIX)])
+            mod.register_buffer(buf, torch.empty_like(value, device=weight.device))
     result = model.load_state_dict(state_dict, strict=strict)
     for mod in model.modules():
         for buf in list(mod._buffers):
