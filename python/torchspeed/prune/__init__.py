@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numbers
 import weakref
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -342,7 +342,3 @@ def _targets(model_or_params) -> List[Tuple[nn.Module, str]]:
     if isinstance(model_or_params, nn.Module):
         return prunable_parameters(model_or_params)
     return [(m, n) for m, n in model_or_params]
-
-
-def _masks_of(targets: Sequence[Tuple[nn.Module, str]]):
-    return [m._buffers.get(n + MASK_SUFFIX) for m, n in targets]
