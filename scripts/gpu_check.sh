@@ -126,6 +126,11 @@ step test_fake_quant_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/tes
 step test_int8_linear_cuda_kernels 90 "$PYTHON" -m pytest -q -rs tests/python/test_int8_linear_cuda_kernels.py
 step bench_int8_gemm_cuda 60 "$PYTHON" -m torchspeed.cli bench int8_gemm_cuda --quick
 
+# Pruning on the GPU: the packed-mask ops (the `device` fixture's cuda variants) and the 2:4 export
+# through torch's semi-structured sparse matmul (allclose to the dense masked matmul), and the bench.
+step test_prune_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_prune.py
+step bench_prune 60 "$PYTHON" -m torchspeed.cli bench prune --quick --device cuda
+
 # A CUDA graph that captured opt.step() + sched.step() follows the LR schedule on replay.
 step test_train_utils_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_train_utils.py
 

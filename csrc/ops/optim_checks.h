@@ -129,16 +129,17 @@ inline void check_masks(const char* op, at::TensorList params, at::TensorList ma
   // 8b + j of the param in memory order; an empty tensor means no mask for that param.
   for (size_t i = 0; i < masks.size(); ++i) {
     const c10::SymInt bytes = (params[i].sym_numel() + 7) / 8;
-    TORCH_CHECK(masks[i].defined() && masks[i].layout() == at::kStrided &&
-                    masks[i].scalar_type() == at::kByte && masks[i].is_contiguous() &&
-                    (masks[i].sym_numel() == bytes || masks[i].sym_numel() == 0) &&
-                    masks[i].device() == params[i].device(),
-                "torchspeed.", op, ": masks[", i,
-                "] must be a bit-packed mask (a contiguous uint8 tensor of ceil(numel / 8) = ",
-                bytes, " bytes, or empty for none) on ", params[i].device(), ", got ",
-                masks[i].defined() ? c10::str(masks[i].scalar_type(), " ", masks[i].sym_sizes(),
-                                              " on ", masks[i].device())
-                                   : std::string("None"));
+    TORCH_CHECK(
+        masks[i].defined() && masks[i].layout() == at::kStrided &&
+            masks[i].scalar_type() == at::kByte && masks[i].is_contiguous() &&
+            (masks[i].sym_numel() == bytes || masks[i].sym_numel() == 0) &&
+            masks[i].device() == params[i].device(),
+        "torchspeed.", op, ": masks[", i,
+        "] must be a bit-packed mask (a contiguous uint8 tensor of ceil(numel / 8) = ", bytes,
+        " bytes, or empty for none) on ", params[i].device(), ", got ",
+        masks[i].defined()
+            ? c10::str(masks[i].scalar_type(), " ", masks[i].sym_sizes(), " on ", masks[i].device())
+            : std::string("None"));
   }
 }
 

@@ -11,7 +11,8 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
   //
   // mask (bool, dense) packed in its memory order.
   m.def("pack_mask(Tensor mask) -> Tensor");
-  // The inverse: a contiguous bool tensor of `shape`; packed must have ceil(numel(shape) / 8) bytes.
+  // The inverse: a contiguous bool tensor of `shape`; packed must have ceil(numel(shape) / 8)
+  // bytes.
   m.def("unpack_mask(Tensor packed, int[] shape) -> Tensor");
   // In place, w (float32/64, bfloat16, float16, dense) = 0 where the bit is 0 (+0.0); kept elements
   // are not rewritten bit for bit. The validator runs before anything is written.

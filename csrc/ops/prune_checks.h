@@ -84,10 +84,10 @@ inline void validate(const ApplyMaskArgs& a) {
 inline void validate(const NmMaskArgs& a) {
   const char* op = NmMaskArgs::kName;
   check_weight(op, a.w);
-  TORCH_CHECK(a.m >= 1 && a.m <= kMaxNmGroup, "torchspeed.", op, ": m must be in [1, ",
-              kMaxNmGroup, "], got ", a.m);
-  TORCH_CHECK(a.n >= 0 && a.n <= a.m, "torchspeed.", op, ": n must be in [0, m = ", a.m,
-              "], got ", a.n);
+  TORCH_CHECK(a.m >= 1 && a.m <= kMaxNmGroup, "torchspeed.", op, ": m must be in [1, ", kMaxNmGroup,
+              "], got ", a.m);
+  TORCH_CHECK(a.n >= 0 && a.n <= a.m, "torchspeed.", op, ": n must be in [0, m = ", a.m, "], got ",
+              a.n);
   TORCH_CHECK(a.w.dim() >= 1, "torchspeed.", op,
               ": w must have at least one dimension (groups run along the last), got a 0-dim "
               "tensor");
@@ -107,7 +107,8 @@ inline void validate(const MagnitudeMaskArgs& a) {
               ": amount must be in [0, numel = ", a.w.sym_numel(), "], got ", a.amount);
 }
 
-/// The integer view whose values, masked to drop the sign, order like |w| (see kernels/cpu/prune.h).
+/// The integer view whose values, masked to drop the sign, order like |w| (see
+/// kernels/cpu/prune.h).
 inline at::ScalarType key_dtype(at::ScalarType t) {
   switch (c10::elementSize(t)) {
     case 2:

@@ -14,8 +14,10 @@
 #include "catch_shim.h"
 #include "kernels/common/step_scalars.h"
 #include "kernels/cpu/optim.h"
+#include "kernels/cpu/prune.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/optim_math.cuh"
+#include "kernels/cuda/prune_math.cuh"
 #include "kernels/cuda/quant_math.cuh"
 
 namespace {
@@ -257,4 +259,44 @@ TEST_CASE("CUDA int8 Linear element math equals the contract's formula bit for b
   }
   CHECK(std::isnan(cu::int8_linear_epilogue(1, NAN, 1.f, 0.f, false, true)));
   CHECK(mismatches == 0);
+}
+
+TEST_CASE("the prune CUDA kernels' per-byte math equals the CPU prune kernels") {
+  namespace isa = cpu::TORCHSPEED_CPU_ISA_NAMESPACE;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (auto [n, m] : {std::pair{2, 4}, {1, 4}, {4, 8}, {3, 7}, {0, 5}, {6, 6}, {9, 32}}) {
+    const int64_t numel = int64_t{m} * 45;
+    std::vector<float> w(numel);
+    for (auto& x : w) x = nd(rng);
+    for (int64_t i = 0; i < numel; i += 3) w[i] = (i % 2) ? -0.5f : 0.5f;  // ties, both signs
+    std::vector<uint16_t> h(numel);  // a 16-bit float's bits: the top half of the fp32
+    for (int64_t i = 0; i < numel; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &w[i], 4);
+      h[i] = static_cast<uint16_t>(u >> 16);
+    }
+    const int64_t bytes = (numel + 7) / 8;
+    std::vector<uint8_t> cpu32(bytes), cpu16(bytes);
+    isa::nm_mask<V>(w.data(), 4, numel / m, n, m, cpu32.data());
+    isa::nm_mask<V>(h.data(), 2, numel / m, n, m, cpu16.data());
+    const auto* w32 = reinterpret_cast<const uint32_t*>(w.data());
+    for (int64_t b = 0; b < bytes; ++b) {
+      INFO(n << ":" << m << " byte " << b);
+      REQUIRE(cu::prune_nm_byte(w32, numel, n, m, b) == cpu32[b]);
+      REQUIRE(cu::prune_nm_byte(h.data(), numel, n, m, b) == cpu16[b]);
+    }
+    // pack and apply against the CPU kernels on the same mask.
+    std::vector<uint8_t> bools(numel);
+    for (int64_t i = 0; i < numel; ++i) bools[i] = (cpu32[i / 8] >> (i % 8)) & 1;
+    std::vector<uint8_t> packed(bytes);
+    isa::pack_mask<V>(bools.data(), packed.data(), numel);
+    auto a = h, c = h;
+    isa::apply_mask<V>(a.data(), 2, packed.data(), numel);
+    for (int64_t b = 0; b < bytes; ++b) {
+      REQUIRE(cu::prune_pack_byte(bools.data(), numel, b) == packed[b]);
+      cu::prune_apply_byte(c.data(), packed.data(), numel, b);
+    }
+    REQUIRE(a == c);
+  }
 }

@@ -330,7 +330,9 @@ def _scalars():
 def test_optim_ops_opcheck(scalars):
     extra = _scalars() if scalars else {}
     ps, grads, (m, v, vmax, ema), steps = _optim_lists(4)
-    masks = [torch.full(((p.numel() + 7) // 8,), 255, dtype=torch.uint8, device=p.device) for p in ps]
+    masks = [
+        torch.full(((p.numel() + 7) // 8,), 255, dtype=torch.uint8, device=p.device) for p in ps
+    ]
     torch.library.opcheck(
         torch.ops.torchspeed.adam_step_.default,
         (ps, grads, m, v, vmax, [], steps, masks, ema),

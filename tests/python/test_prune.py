@@ -181,8 +181,10 @@ def test_bad_inputs_raise_before_any_write(device):
     with pytest.raises(RuntimeError, match="packed must be uint8"):
         apply_mask_(w, torch.zeros(3, device=device))
     with pytest.raises(RuntimeError, match="w must be float32, float64, bfloat16 or float16"):
-        apply_mask_(torch.zeros(24, dtype=torch.int32, device=device),
-                    torch.zeros(3, dtype=torch.uint8, device=device))
+        apply_mask_(
+            torch.zeros(24, dtype=torch.int32, device=device),
+            torch.zeros(3, dtype=torch.uint8, device=device),
+        )
     with pytest.raises(RuntimeError, match="mask must be bool"):
         pack_mask(torch.ones(8, device=device))
     with pytest.raises(RuntimeError, match=r"ceil\(10 / 8\) = 2 bytes"):
@@ -193,7 +195,9 @@ def test_bad_inputs_raise_before_any_write(device):
 # ---- the verbs ----------------------------------------------------------------------------------
 def _mlp(seed=0):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 4))
+    return nn.Sequential(
+        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 4)
+    )
 
 
 def test_l1_unstructured_exact_sparsity_and_buffer():
@@ -283,8 +287,13 @@ def test_apply_remove_state_dict_deepcopy():
 def test_amount_validation():
     lin = nn.Linear(8, 4)
     before = lin.weight.detach().clone()
-    for bad, err in [(1.5, ValueError), (-0.1, ValueError), (-1, ValueError), (33, ValueError),
-                     ("half", TypeError)]:
+    for bad, err in [
+        (1.5, ValueError),
+        (-0.1, ValueError),
+        (-1, ValueError),
+        (33, ValueError),
+        ("half", TypeError),
+    ]:
         with pytest.raises(err):
             prune.l1_unstructured(lin, "weight", amount=bad)
     with pytest.raises(ValueError, match="method must be one of"):
@@ -301,14 +310,17 @@ def test_cubic_schedule_values():
             assert got is None
         else:
             tt = min(t, t1)
-            assert got == pytest.approx(sf + (si - sf) * (1 - (tt - t0) / (t1 - t0)) ** 3, abs=1e-15)
+            assert got == pytest.approx(
+                sf + (si - sf) * (1 - (tt - t0) / (t1 - t0)) ** 3, abs=1e-15
+            )
 
 
 def test_gradual_pruner_steps_and_state_dict():
     model = _mlp(4)
     opt = torchspeed.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    pruner = prune.GradualPruner(model, final_sparsity=0.8, start_step=2, end_step=12,
-                                 frequency=5, optimizer=opt)
+    pruner = prune.GradualPruner(
+        model, final_sparsity=0.8, start_step=2, end_step=12, frequency=5, optimizer=opt
+    )
     applied = [pruner.step() for _ in range(15)]
     assert [i for i, s in enumerate(applied) if s is not None] == [2, 7, 12]
     assert applied[12] == pytest.approx(0.8)
@@ -319,13 +331,16 @@ def test_gradual_pruner_steps_and_state_dict():
     other.load_state_dict(state)
     assert other.step_count == 15
     with pytest.raises(ValueError, match="final_sparsity"):
-        prune.GradualPruner(_mlp(5), final_sparsity=0.5, start_step=2, end_step=12,
-                            frequency=5).load_state_dict(state)
+        prune.GradualPruner(
+            _mlp(5), final_sparsity=0.5, start_step=2, end_step=12, frequency=5
+        ).load_state_dict(state)
 
 
 def test_gradual_nm():
     model = _mlp(6)
-    pruner = prune.GradualPruner(model, start_step=0, end_step=4, frequency=2, method="nm", n=2, m=4)
+    pruner = prune.GradualPruner(
+        model, start_step=0, end_step=4, frequency=2, method="nm", n=2, m=4
+    )
     for _ in range(5):
         pruner.step()
     assert torch.all((model[0].weight != 0).reshape(64, -1, 4).sum(-1) == 2)
@@ -342,8 +357,9 @@ def test_fused_optimizer_keeps_pruned_weights_zero(make, cpu_isa):
         ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
     elif make == "sgd":
         opt = torchspeed.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, weight_decay=0.1)
-        ref_opt = torch.optim.SGD(ref.parameters(), lr=1e-2, momentum=0.9, weight_decay=0.1,
-                                  foreach=False)
+        ref_opt = torch.optim.SGD(
+            ref.parameters(), lr=1e-2, momentum=0.9, weight_decay=0.1, foreach=False
+        )
     else:
         opt = torchspeed.optim.Lion(model.parameters(), lr=1e-3, weight_decay=0.1)
         ref_opt = None
@@ -364,12 +380,13 @@ def test_fused_optimizer_keeps_pruned_weights_zero(make, cpu_isa):
             assert bool((m.weight[~masks[id(m.weight)]] == 0).all())
         if ref_opt is not None:
             with torch.no_grad():  # torch.optim with the mask applied after its step
-                for (m, _), (r, _) in zip(prune.prunable_parameters(model),
-                                          prune.prunable_parameters(ref)):
+                for (m, _), (r, _) in zip(
+                    prune.prunable_parameters(model), prune.prunable_parameters(ref)
+                ):
                     r.weight.mul_(masks[id(m.weight)])
     if ref_opt is not None:
         for p, q in zip(model.parameters(), ref.parameters()):
-            assert_close(p, q, rtol=1e-5, atol=1e-6)
+            assert_close(p, q, rtol=1e-6, atol=1e-6)  # test_optim.py's FP32 tolerance
 
 
 def test_set_mask_formats_and_errors():
@@ -420,3 +437,56 @@ def test_to_semi_structured_matmul_cuda():
     report = prune.to_semi_structured(lin)
     assert report["<root>"] == "converted", report
     assert_close(lin(x), dense, rtol=1e-2, atol=1e-2)
+
+
+def test_optimizer_op_takes_packed_masks_only():
+    # The fused ops' `masks` list holds packed uint8 masks (or empty tensors): a dense float mask
+    # or a wrong byte count is rejected before anything is written.
+    p, g = torch.randn(20), torch.randn(20)
+    before = p.clone()
+    for bad in (torch.ones(20), torch.full((2,), 255, dtype=torch.uint8)):
+        with pytest.raises(RuntimeError, match=r"masks\[0\] must be a bit-packed mask"):
+            torch.ops.torchspeed.sgd_step_(
+                [p],
+                [g],
+                [],
+                [],
+                [bad],
+                [],
+                lr=0.1,
+                momentum=0.0,
+                dampening=0.0,
+                weight_decay=0.0,
+                nesterov=False,
+                maximize=False,
+                first_step=True,
+            )
+    assert torch.equal(p, before)
+    keep = torch.arange(20) % 3 != 0
+    torch.ops.torchspeed.sgd_step_(
+        [p],
+        [g],
+        [],
+        [],
+        [pack_mask(keep)],
+        [],
+        lr=0.1,
+        momentum=0.0,
+        dampening=0.0,
+        weight_decay=0.0,
+        nesterov=False,
+        maximize=False,
+        first_step=True,
+    )
+    assert_close(p, torch.where(keep, before - 0.1 * g, torch.zeros_like(p)))
+
+
+@pytest.mark.parametrize("numel", [1, 7, 8, 9, 100])
+def test_optimizer_packing_without_the_prune_ops(numel):
+    # torchspeed.optim packs masks with plain torch when the prune area is not built: same bits.
+    from torchspeed.optim import _fused
+
+    keep = torch.rand(numel) > 0.5
+    packed = _fused._pack_bits_torch(keep)
+    assert torch.equal(packed, pack_mask(keep))
+    assert torch.equal(_fused._unpack_bits_torch(packed, [numel]), keep)

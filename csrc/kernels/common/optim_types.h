@@ -42,7 +42,8 @@ struct OptimHyper {
 /// One parameter (or one contiguous range of it, on the CPU) and its state. Null means absent.
 /// State, master and ema are float32 with `numel` elements laid out like the param; param and
 /// grad are in their own dtypes; the mask is bit-packed (bit j of byte b = element 8b + j of this
-/// range, in the param's memory order; 1 keeps, 0 zeroes), so a CPU range starts on a mask byte. The state tensors, per algorithm:
+/// range, in the param's memory order; 1 keeps, 0 zeroes), so a CPU range starts on a mask byte.
+/// The state tensors, per algorithm:
 ///   exp_avg         Adam, LAMB, Lion: the first moment; SGD: the momentum buffer
 ///   exp_avg_sq      Adam, LAMB: the second moment
 ///   max_exp_avg_sq  Adam with amsgrad: the running maximum of exp_avg_sq
@@ -54,8 +55,8 @@ struct OptimTensor {
   float* exp_avg_sq;
   float* max_exp_avg_sq;
   const uint8_t* mask;  // packed pruning mask: the param is zeroed where its bit is 0
-  float* ema;         // EMA copy of the (master) param, updated after the step
-  float* step;        // one float32 (Adam, Lion, LAMB; CUDA only: the CPU glue reads it itself)
+  float* ema;           // EMA copy of the (master) param, updated after the step
+  float* step;          // one float32 (Adam, Lion, LAMB; CUDA only: the CPU glue reads it itself)
   int64_t numel;
   DType param_dtype;  // kFloat, kBFloat16 or kHalf
   DType grad_dtype;   // kFloat, kBFloat16 or kHalf

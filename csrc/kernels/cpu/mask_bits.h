@@ -1,7 +1,8 @@
 // Bit-packed pruning masks inside the CPU kernels: keep_bits(bits, i, v) keeps the lanes of `v`
 // (elements i .. i + kWidth - 1) whose mask bit is 1 and zeroes the others. Bit j of byte b is
 // element 8 * b + j (least significant bit first), the layout of torchspeed.prune's packed masks.
-// The vector overloads need i % 8 == 0 (callers start chunks on a byte); the scalar one takes any i.
+// The vector overloads need i % 8 == 0 (callers start chunks on a byte); the scalar one takes any
+// i.
 #pragma once
 
 #include "kernels/cpu/vec.h"

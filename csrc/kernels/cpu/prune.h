@@ -92,20 +92,49 @@ void apply_mask(void* w, int elem_size, const uint8_t* bits, int64_t n) {
 /// N:M over `groups` consecutive groups of m elements (w and bits start on a group and a byte):
 /// in each group keep the n largest keys, an equal key ranking the lower index higher. Writes
 /// ceil(groups * m / 8) bytes.
-template <class V>
-void nm_mask(const void* w, int elem_size, int64_t groups, int n, int m, uint8_t* bits) {
-  const int64_t total = groups * m;
-  std::memset(bits, 0, static_cast<size_t>((total + 7) / 8));
-  uint64_t key[256];  // m <= 256 (the validator's limit)
+/// The groups of one N:M range with the group size M known at compile time (0: m at run time),
+/// so the common 2:4 and 4:8 ranks unroll into branch-free compares.
+template <int M, typename K>
+void nm_groups(const K* w, int64_t groups, int n, int m_runtime, uint8_t* bits) {
+  const int m = M ? M : m_runtime;
+  constexpr K kNoSign = static_cast<K>(K(-1) >> 1);  // |bits|: drop the sign (no promotion)
+  K key[M ? M : 256];                                // m <= 256 (the validator's limit)
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t base = g * m;
-    for (int j = 0; j < m; ++j) key[j] = magnitude_key(w, elem_size, base + j);
+    for (int j = 0; j < m; ++j) key[j] = w[base + j] & kNoSign;
     for (int j = 0; j < m; ++j) {
       // rank = how many elements of the group come before j in (key desc, index asc) order.
       int rank = 0;
       for (int k = 0; k < m; ++k) rank += key[k] > key[j] || (key[k] == key[j] && k < j);
-      if (rank < n) bits[(base + j) >> 3] |= static_cast<uint8_t>(1u << ((base + j) & 7));
+      bits[(base + j) >> 3] |= static_cast<uint8_t>((rank < n) << ((base + j) & 7));
     }
+  }
+}
+
+template <typename K>
+void nm_groups_any(const void* w, int64_t groups, int n, int m, uint8_t* bits) {
+  const K* k = static_cast<const K*>(w);
+  if (m == 4) {
+    nm_groups<4>(k, groups, n, m, bits);
+  } else if (m == 8) {
+    nm_groups<8>(k, groups, n, m, bits);
+  } else {
+    nm_groups<0>(k, groups, n, m, bits);
+  }
+}
+
+template <class V>
+void nm_mask(const void* w, int elem_size, int64_t groups, int n, int m, uint8_t* bits) {
+  std::memset(bits, 0, static_cast<size_t>((groups * m + 7) / 8));
+  switch (elem_size) {
+    case 2:
+      nm_groups_any<uint16_t>(w, groups, n, m, bits);
+      break;
+    case 4:
+      nm_groups_any<uint32_t>(w, groups, n, m, bits);
+      break;
+    default:
+      nm_groups_any<uint64_t>(w, groups, n, m, bits);
   }
 }
 
@@ -120,8 +149,8 @@ int64_t count_key(const void* w, int elem_size, int64_t n, uint64_t threshold) {
 /// Keeps key > threshold, and the first `ties_kept` elements whose key == threshold (in index
 /// order); prunes the rest. Writes ceil(n / 8) bytes.
 template <class V>
-void threshold_mask(const void* w, int elem_size, int64_t n, uint64_t threshold,
-                    int64_t ties_kept, uint8_t* bits) {
+void threshold_mask(const void* w, int elem_size, int64_t n, uint64_t threshold, int64_t ties_kept,
+                    uint8_t* bits) {
   std::memset(bits, 0, static_cast<size_t>((n + 7) / 8));
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t k = magnitude_key(w, elem_size, i);

@@ -136,7 +136,7 @@ cudaError_t prune_apply_mask(void* w, int elem_size, const uint8_t* bits, int64_
                              cudaStream_t stream);
 /// N:M mask of numel elements (numel % m == 0, m <= 256): per group of m, the n largest magnitude
 /// keys (|bits| without the sign) kept, an equal key ranking the lower index first.
-cudaError_t prune_nm_mask(const void* w, int elem_size, int64_t numel, int n, int m,
-                          uint8_t* bits, cudaStream_t stream);
+cudaError_t prune_nm_mask(const void* w, int elem_size, int64_t numel, int n, int m, uint8_t* bits,
+                          cudaStream_t stream);
 
 }  // namespace torchspeed::kernels::cuda

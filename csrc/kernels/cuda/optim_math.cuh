@@ -80,7 +80,9 @@ TORCHSPEED_HD float lamb_apply(const OptimHyper& h, const StepScalars& s, float 
 /// store_param: the pruning mask zeroes the param where its bit is 0.
 TORCHSPEED_HD float apply_mask(bool keep, float p) { return keep ? p : 0.f; }
 /// Bit i of a packed mask (bit j of byte b = element 8b + j).
-TORCHSPEED_HD bool mask_bit(const uint8_t* bits, int64_t i) { return (bits[i >> 3] >> (i & 7)) & 1u; }
+TORCHSPEED_HD bool mask_bit(const uint8_t* bits, int64_t i) {
+  return (bits[i >> 3] >> (i & 7)) & 1u;
+}
 
 /// store_param: ema += (1 - ema_decay) * (param - ema).
 TORCHSPEED_HD float ema_update(const OptimHyper& h, float p, float ema) {

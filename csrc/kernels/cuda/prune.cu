@@ -1,11 +1,13 @@
 // The prune area's CUDA kernels over bit-packed masks (bit j of byte b = element 8b + j): pack,
-// unpack, in-place apply, and N:M selection. One thread per mask byte (8 elements), so no two
-// threads write one byte; grid-stride loops; enqueued on the given stream, no host sync.
+// unpack, in-place apply, and N:M selection. One thread per mask byte (8 elements, the math in
+// prune_math.cuh, checked on the host by ctest), so no two threads write one byte; grid-stride
+// loops; enqueued on the given stream, no host sync.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "kernels/cuda/api.cuh"
+#include "kernels/cuda/prune_math.cuh"
 
 namespace torchspeed::kernels::cuda {
 namespace {
@@ -28,33 +30,20 @@ __global__ void pack_kernel(const uint8_t* __restrict__ bools, uint8_t* __restri
                             int64_t n) {
   const int64_t bytes = (n + 7) / 8;
   for (int64_t b = first_index(); b < bytes; b += grid_stride()) {
-    uint8_t x = 0;
-    for (int k = 0; k < 8 && b * 8 + k < n; ++k) x |= (bools[b * 8 + k] != 0) << k;
-    bits[b] = x;
+    bits[b] = prune_pack_byte(bools, n, b);
   }
 }
 
 __global__ void unpack_kernel(const uint8_t* __restrict__ bits, uint8_t* __restrict__ bools,
                               int64_t n) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) bools[i] = (bits[i >> 3] >> (i & 7)) & 1;
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    bools[i] = (bits[i >> 3] >> (i & 7)) & 1;
 }
 
 template <typename T>
 __global__ void apply_kernel(T* __restrict__ w, const uint8_t* __restrict__ bits, int64_t n) {
   const int64_t bytes = (n + 7) / 8;
-  for (int64_t b = first_index(); b < bytes; b += grid_stride()) {
-    const uint8_t x = bits[b];
-    if (x == 0xffu) continue;
-    for (int k = 0; k < 8 && b * 8 + k < n; ++k) {
-      if (!((x >> k) & 1u)) w[b * 8 + k] = T(0);
-    }
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ uint64_t magnitude_key(const T* w, int64_t i) {
-  constexpr uint64_t kNoSign = (uint64_t{1} << (8 * sizeof(T) - 1)) - 1;  // |bits|: drop the sign
-  return static_cast<uint64_t>(w[i]) & kNoSign;
+  for (int64_t b = first_index(); b < bytes; b += grid_stride()) prune_apply_byte(w, bits, n, b);
 }
 
 template <typename T>
@@ -62,20 +51,7 @@ __global__ void nm_kernel(const T* __restrict__ w, int64_t numel, int n, int m,
                           uint8_t* __restrict__ bits) {
   const int64_t bytes = (numel + 7) / 8;
   for (int64_t b = first_index(); b < bytes; b += grid_stride()) {
-    uint8_t x = 0;
-    for (int k = 0; k < 8 && b * 8 + k < numel; ++k) {
-      const int64_t i = b * 8 + k;
-      const int64_t base = i - i % m;
-      const int j = static_cast<int>(i - base);
-      const uint64_t kj = magnitude_key(w, i);
-      int rank = 0;  // elements of the group before j in (key desc, index asc) order
-      for (int t = 0; t < m && rank < n; ++t) {
-        const uint64_t kt = magnitude_key(w, base + t);
-        rank += kt > kj || (kt == kj && t < j);
-      }
-      x |= static_cast<uint8_t>((rank < n) << k);
-    }
-    bits[b] = x;
+    bits[b] = prune_nm_byte(w, numel, n, m, b);
   }
 }
 
@@ -113,8 +89,8 @@ cudaError_t prune_apply_mask(void* w, int elem_size, const uint8_t* bits, int64_
   return cudaGetLastError();
 }
 
-cudaError_t prune_nm_mask(const void* w, int elem_size, int64_t numel, int n, int m,
-                          uint8_t* bits, cudaStream_t stream) {
+cudaError_t prune_nm_mask(const void* w, int elem_size, int64_t numel, int n, int m, uint8_t* bits,
+                          cudaStream_t stream) {
   if (numel == 0) return cudaSuccess;
   if (m < 1 || m > 256 || n < 0 || n > m || numel % m != 0) return cudaErrorInvalidValue;
   const int blocks = blocks_for((numel + 7) / 8);

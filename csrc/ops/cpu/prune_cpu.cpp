@@ -1,7 +1,7 @@
 // CPU implementation of the prune area's ops: validates, then runs the ISA kernels
 // (kernels/cpu/prune.h) over ranges that start on a mask byte, in one parallel region.
-// magnitude_mask picks its threshold with at::kthvalue over the magnitude keys, then the kernel
-// builds the mask, splitting the threshold's ties by a prefix count over the ranges.
+// magnitude_mask selects its threshold with std::nth_element over the magnitude keys, then the
+// kernel builds the mask, splitting the threshold's ties by a prefix count over the ranges.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -40,9 +40,8 @@ at::Tensor pack_mask_cpu(const PackMaskArgs& a) {
   at::Tensor out = at::empty({packed_mask_bytes(n)}, a.mask.options().dtype(at::kByte));
   const auto* in = reinterpret_cast<const uint8_t*>(a.mask.const_data_ptr<bool>());
   uint8_t* o = out.data_ptr<uint8_t>();
-  for_each_range(n, kChunkElements, [&](int64_t b, int64_t len) {
-    k.pack_mask(in + b, o + b / 8, len);
-  });
+  for_each_range(n, kChunkElements,
+                 [&](int64_t b, int64_t len) { k.pack_mask(in + b, o + b / 8, len); });
   return out;
 }
 
@@ -52,9 +51,8 @@ at::Tensor unpack_mask_cpu(const UnpackMaskArgs& a) {
   at::Tensor out = at::empty(a.shape, a.packed.options().dtype(at::kBool));
   const uint8_t* in = a.packed.const_data_ptr<uint8_t>();
   auto* o = reinterpret_cast<uint8_t*>(out.data_ptr<bool>());
-  for_each_range(n, kChunkElements, [&](int64_t b, int64_t len) {
-    k.unpack_mask(in + b / 8, o + b, len);
-  });
+  for_each_range(n, kChunkElements,
+                 [&](int64_t b, int64_t len) { k.unpack_mask(in + b / 8, o + b, len); });
   return out;
 }
 
@@ -64,9 +62,8 @@ void apply_mask_cpu(const ApplyMaskArgs& a) {
   const int es = static_cast<int>(a.w.element_size());
   char* w = static_cast<char*>(a.w.data_ptr());
   const uint8_t* bits = a.packed.const_data_ptr<uint8_t>();
-  for_each_range(a.w.numel(), kChunkElements, [&](int64_t b, int64_t len) {
-    k.apply_mask(w + b * es, es, bits + b / 8, len);
-  });
+  for_each_range(a.w.numel(), kChunkElements,
+                 [&](int64_t b, int64_t len) { k.apply_mask(w + b * es, es, bits + b / 8, len); });
 }
 
 at::Tensor nm_mask_cpu(const NmMaskArgs& a) {
@@ -86,20 +83,33 @@ at::Tensor nm_mask_cpu(const NmMaskArgs& a) {
   return out;
 }
 
+/// The k-th smallest (1-based) of n keys, reordering them (std::nth_element: expected O(n));
+/// `below` gets how many keys are smaller than it.
+template <typename K>
+K select_key(K* keys, int64_t n, int64_t k, int64_t* below) {
+  std::nth_element(keys, keys + (k - 1), keys + n);
+  const K t = keys[k - 1];
+  int64_t equal_before = 0;  // the k - 1 keys before it are <= t
+  for (int64_t i = 0; i < k - 1; ++i) equal_before += keys[i] == t;
+  *below = (k - 1) - equal_before;
+  return t;
+}
+
 at::Tensor magnitude_mask_cpu(const MagnitudeMaskArgs& a) {
   validate(a);
   const auto& k = prune_kernels(MagnitudeMaskArgs::kName);
   const int64_t numel = a.w.numel();
   at::Tensor out = at::empty({packed_mask_bytes(numel)}, a.w.options().dtype(at::kByte));
   if (numel == 0) return out;
-  const at::Tensor keys = magnitude_keys(a.w);
   int64_t threshold = -1;  // amount == 0: every key (>= 0) is above it
-  int64_t ties_kept = 0;
+  int64_t below = 0;       // keys < threshold
   if (a.amount > 0) {
-    threshold = std::get<0>(at::kthvalue(keys, a.amount)).item<int64_t>();
-    const int64_t below = keys.lt(threshold).sum().item<int64_t>();
-    const int64_t ties = keys.eq(threshold).sum().item<int64_t>();
-    ties_kept = ties - (a.amount - below);  // the first ties in memory order are kept
+    // The amount-th smallest key: a selection over a scratch copy of the keys (a fresh tensor).
+    at::Tensor keys = magnitude_keys(a.w);
+    AT_DISPATCH_INTEGRAL_TYPES(keys.scalar_type(), "magnitude_mask", [&] {
+      threshold =
+          static_cast<int64_t>(select_key(keys.data_ptr<scalar_t>(), numel, a.amount, &below));
+    });
   }
   const int es = static_cast<int>(a.w.element_size());
   const char* w = static_cast<const char*>(a.w.const_data_ptr());
@@ -115,6 +125,8 @@ at::Tensor magnitude_mask_cpu(const MagnitudeMaskArgs& a) {
     });
     for (int64_t r = 0; r < ranges; ++r) ties_before[r + 1] = ties_before[r] + per_range[r];
   }
+  // The first ties in memory order are kept: all of them but the (amount - below) pruned.
+  const int64_t ties_kept = threshold < 0 ? 0 : ties_before[ranges] - (a.amount - below);
   for_each_range(numel, kChunkElements, [&](int64_t b, int64_t len) {
     if (threshold < 0) {  // keep everything
       std::fill(o + b / 8, o + b / 8 + packed_mask_bytes(len), uint8_t{0xff});

@@ -16,17 +16,17 @@ namespace {
 namespace kc = kernels::cuda;
 
 void check_launch(const char* op, cudaError_t err) {
-  TORCH_CHECK(err == cudaSuccess, "torchspeed.", op, ": CUDA launch failed: ",
-              cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, "torchspeed.", op,
+              ": CUDA launch failed: ", cudaGetErrorString(err));
 }
 
 at::Tensor pack_bools(const char* op, const at::Tensor& bools) {
   const int64_t n = bools.numel();
   at::Tensor out = at::empty({packed_mask_bytes(n)}, bools.options().dtype(at::kByte));
   if (n == 0) return out;
-  check_launch(op, kc::prune_pack_mask(
-                       reinterpret_cast<const uint8_t*>(bools.const_data_ptr<bool>()),
-                       out.data_ptr<uint8_t>(), n, c10::cuda::getCurrentCUDAStream()));
+  check_launch(op,
+               kc::prune_pack_mask(reinterpret_cast<const uint8_t*>(bools.const_data_ptr<bool>()),
+                                   out.data_ptr<uint8_t>(), n, c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 
@@ -83,7 +83,8 @@ at::Tensor magnitude_mask_cuda(const MagnitudeMaskArgs& a) {
   const at::Tensor below = keys.lt(threshold).sum();
   // Ties kept: the first (ties - (amount - below)) in memory order.
   const at::Tensor ties_kept = tie.sum() - (a.amount - below);
-  const at::Tensor keep = keys.gt(threshold).logical_or_(tie.logical_and(tie.cumsum(0).le(ties_kept)));
+  const at::Tensor keep =
+      keys.gt(threshold).logical_or_(tie.logical_and(tie.cumsum(0).le(ties_kept)));
   return pack_bools(MagnitudeMaskArgs::kName, keep);
 }
 

@@ -40,8 +40,7 @@ TORCHSPEED_OP_ARGS(NmMaskArgs, "nm_mask", at::Tensor, TORCHSPEED_NM_MASK_ARGS);
 #define TORCHSPEED_MAGNITUDE_MASK_ARGS(X) \
   X(at::Tensor, w, {})                    \
   X(int64_t, amount, 0)
-TORCHSPEED_OP_ARGS(MagnitudeMaskArgs, "magnitude_mask", at::Tensor,
-                   TORCHSPEED_MAGNITUDE_MASK_ARGS);
+TORCHSPEED_OP_ARGS(MagnitudeMaskArgs, "magnitude_mask", at::Tensor, TORCHSPEED_MAGNITUDE_MASK_ARGS);
 
 /// Bytes of a packed mask for `numel` elements: ceil(numel / 8).
 inline int64_t packed_mask_bytes(int64_t numel) { return (numel + 7) / 8; }

@@ -89,8 +89,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
 
     group = f"build 2:4 {size}x{size}"
-    h.add(group, "torch topk per group + scatter", lambda: _topk_nm(w0, 2, 4), anchor=True,
-          mask_bytes=n)
+    h.add(
+        group,
+        "torch topk per group + scatter",
+        lambda: _topk_nm(w0, 2, 4),
+        anchor=True,
+        mask_bytes=n,
+    )
     h.add(group, "torchspeed nm_mask", lambda: nm_mask(w0, 2, 4), mask_bytes=(n + 7) // 8)
 
     group = f"AdamW step {size}x{size}"
@@ -107,18 +112,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     # param, grad, exp_avg, exp_avg_sq: read 4, write 3 arrays of 4 bytes per element.
     step_bytes = 7 * wbytes
-    h.add(group, "torch AdamW(foreach) + mul_(mask)", torch_step, bytes_moved=step_bytes + 2 * wbytes,
-          anchor=True)
+    h.add(
+        group,
+        "torch AdamW(foreach) + mul_(mask)",
+        torch_step,
+        bytes_moved=step_bytes + 2 * wbytes,
+        anchor=True,
+    )
     plain = torchspeed.optim.AdamW([p], lr=1e-3, weight_decay=0.01)
     h.add(group, "torchspeed AdamW, no mask", plain.step, bytes_moved=step_bytes)
     q = torch.nn.Parameter(w0.clone())
     q.grad = p.grad.clone()
     masked = torchspeed.optim.AdamW([q], lr=1e-3, weight_decay=0.01)
     masked.set_mask(q, packed)
-    h.add(group, "torchspeed AdamW, packed 2:4 mask", masked.step,
-          bytes_moved=step_bytes + packed.numel())
+    h.add(
+        group,
+        "torchspeed AdamW, packed 2:4 mask",
+        masked.step,
+        bytes_moved=step_bytes + packed.numel(),
+    )
     h.finish()
-    print("mask memory for one %dx%d fp32 weight (%d bytes):" % (size, size, wbytes))
+    print(f"mask memory for one {size}x{size} fp32 weight ({wbytes} bytes):")
     for k, v in memory.items():
         print(f"  {k:<36} {v:>12} bytes  ({v / wbytes:.4f} of the weight)")
     return 0

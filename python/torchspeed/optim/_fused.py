@@ -37,6 +37,34 @@ def _like_param(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _pack_bits(keep: torch.Tensor) -> torch.Tensor:
+    """A bool tensor packed in memory order (torchspeed.prune's pack_mask; plain torch when the
+    prune area is not built)."""
+    op = getattr(torch.ops.torchspeed, "pack_mask", None)
+    return op(keep) if op is not None else _pack_bits_torch(keep)
+
+
+def _pack_bits_torch(keep: torch.Tensor) -> torch.Tensor:
+    flat = keep.as_strided((keep.numel(),), (1,)).to(torch.uint8)
+    flat = torch.nn.functional.pad(flat, (0, (-flat.numel()) % 8)).reshape(-1, 8)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=keep.device)
+    return (flat * weights).sum(1, dtype=torch.uint8)
+
+
+def _unpack_bits(packed: torch.Tensor, shape) -> torch.Tensor:
+    op = getattr(torch.ops.torchspeed, "unpack_mask", None)
+    return op(packed, list(shape)) if op is not None else _unpack_bits_torch(packed, shape)
+
+
+def _unpack_bits_torch(packed: torch.Tensor, shape) -> torch.Tensor:
+    n = 1
+    for d in shape:
+        n *= d
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = (packed.reshape(-1, 1) >> shifts) & 1
+    return bits.reshape(-1)[:n].bool().reshape(shape)
+
+
 def _packed_mask_for(mask: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """The bit-packed mask the fused ops read for `p` (uint8 [ceil(numel / 8)], bit i = element i
     of p in memory order) from a {0,1} mask of p's numel (bool/float/int, p's logical order) or a
@@ -56,13 +84,13 @@ def _packed_mask_for(mask: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     if is_packed and p.is_contiguous():
         return mask.to(p.device).contiguous().reshape(-1).clone()
     if is_packed:
-        logical = torch.ops.torchspeed.unpack_mask(mask.to(p.device).contiguous(), list(p.shape))
+        logical = _unpack_bits(mask.to(p.device).contiguous(), p.shape)
     else:
         logical = (mask != 0).reshape(p.shape).to(p.device)
     # Element i of the logical mask masks element i of the param, packed in the param's memory
     # layout (e.g. channels_last): a bool tensor laid out like p, then packed in memory order.
     in_layout = torch.empty_like(p, dtype=torch.bool, memory_format=torch.preserve_format)
-    return torch.ops.torchspeed.pack_mask(in_layout.copy_(logical))
+    return _pack_bits(in_layout.copy_(logical))
 
 
 def _dense(p: torch.Tensor) -> bool:

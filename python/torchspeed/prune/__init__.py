@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numbers
 import weakref
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -260,7 +260,9 @@ def apply(
     "l1_unstructured" (per tensor), "global_unstructured" (one threshold across all of them),
     "ln_structured" (output channels by L-``norm``, along ``dim``), "nm" (n:m along the input)."""
     if method not in _METHODS:
-        raise ValueError(f"torchspeed.prune.apply: method must be one of {_METHODS}, got {method!r}")
+        raise ValueError(
+            f"torchspeed.prune.apply: method must be one of {_METHODS}, got {method!r}"
+        )
     targets = prunable_parameters(model, types)
     if method == "global_unstructured":
         global_unstructured(targets, amount, optimizer=optimizer)
@@ -280,9 +282,11 @@ def remove(module: nn.Module, name: Optional[str] = None, optimizer=None) -> nn.
     submodules); the zeros stay in the weight (as torch's remove makes pruning permanent)."""
     mods = [module] if name is not None else list(module.modules())
     for mod in mods:
-        names = [name] if name is not None else [
-            b[: -len(MASK_SUFFIX)] for b in list(mod._buffers) if b.endswith(MASK_SUFFIX)
-        ]
+        names = (
+            [name]
+            if name is not None
+            else [b[: -len(MASK_SUFFIX)] for b in list(mod._buffers) if b.endswith(MASK_SUFFIX)]
+        )
         for nm in names:
             key = nm + MASK_SUFFIX
             if key not in mod._buffers:
@@ -323,8 +327,9 @@ def load_state_dict(model: nn.Module, state_dict: Dict[str, torch.Tensor], stric
             continue
         path, _, buf = key.rpartition(".")
         mod = model.get_submodule(path) if path else model
-        if buf not in mod._buffers:
-            mod.register_buffer(buf, torch.empty_like(value))
+        if buf not in mod._buffers:  # on the weight's device, as pruning would have put it
+            weight = _param(mod, buf[: -len(MASK_SUFFIX)])
+            mod.register_buffer(buf, torch.empty_like(value, device=weight.device))
     result = model.load_state_dict(state_dict, strict=strict)
     for mod in model.modules():
         for buf in list(mod._buffers):
@@ -337,7 +342,3 @@ def _targets(model_or_params) -> List[Tuple[nn.Module, str]]:
     if isinstance(model_or_params, nn.Module):
         return prunable_parameters(model_or_params)
     return [(m, n) for m, n in model_or_params]
-
-
-def _masks_of(targets: Sequence[Tuple[nn.Module, str]]):
-    return [m._buffers.get(n + MASK_SUFFIX) for m, n in targets]

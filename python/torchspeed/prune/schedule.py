@@ -66,9 +66,14 @@ class GradualPruner:
                 final_sparsity = (m - n) / m
         if final_sparsity is None:
             raise ValueError("torchspeed.prune.GradualPruner: final_sparsity is required")
-        for label, v in (("final_sparsity", final_sparsity), ("initial_sparsity", initial_sparsity)):
+        for label, v in (
+            ("final_sparsity", final_sparsity),
+            ("initial_sparsity", initial_sparsity),
+        ):
             if not (0.0 <= float(v) <= 1.0):
-                raise ValueError(f"torchspeed.prune.GradualPruner: {label} must be in [0, 1], got {v}")
+                raise ValueError(
+                    f"torchspeed.prune.GradualPruner: {label} must be in [0, 1], got {v}"
+                )
         if initial_sparsity > final_sparsity:
             raise ValueError("torchspeed.prune.GradualPruner: initial_sparsity > final_sparsity")
         if frequency < 1 or start_step < 0 or end_step < start_step:
@@ -141,8 +146,16 @@ class GradualPruner:
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        for key in ("final_sparsity", "initial_sparsity", "start_step", "end_step", "frequency",
-                    "method", "n", "m"):
+        for key in (
+            "final_sparsity",
+            "initial_sparsity",
+            "start_step",
+            "end_step",
+            "frequency",
+            "method",
+            "n",
+            "m",
+        ):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"torchspeed.prune.GradualPruner.load_state_dict: {key} is {state[key]!r} in "

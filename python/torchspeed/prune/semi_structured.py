@@ -19,7 +19,7 @@ def _is_2_4(w: torch.Tensor) -> bool:
 
 
 def why_not_semi_structured(w: torch.Tensor) -> str:
-    """"" when ``w`` (a Linear weight) can be converted, else the reason."""
+    """ "" when ``w`` (a Linear weight) can be converted, else the reason."""
     if not hasattr(torch.sparse, "to_sparse_semi_structured"):
         return f"torch {torch.__version__} has no torch.sparse.to_sparse_semi_structured"
     if w.device.type != "cuda":

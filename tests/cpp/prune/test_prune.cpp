@@ -10,7 +10,6 @@
 // The int and int[] fields of these ops, for check_against_schema's default comparison (declared
 // before op_schema_check.h so its template finds them).
 namespace torchspeed_test {
-inline c10::IValue as_ivalue(int64_t v) { return c10::IValue(v); }
 inline c10::IValue as_ivalue(at::IntArrayRef v) { return c10::IValue(v.vec()); }
 }  // namespace torchspeed_test
 
@@ -69,10 +68,12 @@ TEST_CASE("the prune ops reject bad input before writing, with the argument name
         std::string::npos);
   CHECK(msg([&] { torchspeed::magnitude_mask(w, 25); }).find("amount must be in [0, numel = 24]") !=
         std::string::npos);
-  CHECK(msg([&] { torchspeed::apply_mask_(w, torch::zeros({2}, torch::kByte)); })
-            .find("packed must have ceil(24 / 8) = 3 bytes") != std::string::npos);
-  CHECK(msg([&] { torchspeed::apply_mask_(w, torch::zeros({3}, torch::kFloat)); })
-            .find("packed must be uint8") != std::string::npos);
+  CHECK(msg([&] {
+          torchspeed::apply_mask_(w, torch::zeros({2}, torch::kByte));
+        }).find("packed must have ceil(24 / 8) = 3 bytes") != std::string::npos);
+  CHECK(msg([&] {
+          torchspeed::apply_mask_(w, torch::zeros({3}, torch::kFloat));
+        }).find("packed must be uint8") != std::string::npos);
   REQUIRE(torch::equal(w, before));
 }
 
