@@ -62,6 +62,13 @@ def test_loader_resume(tmp_path):
     assert "bitwise those of the uninterrupted run" in r.stdout
 
 
+def test_prune_int8(tmp_path):
+    r = _run([_example("prune_int8.py"), "--quick"], str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "state_dict loaded into a fresh model: identical outputs" in r.stdout
+    assert "int8 (" in r.stdout and "test accuracy" in r.stdout
+
+
 def test_profile_doctor(tmp_path):
     out = tmp_path / "out"
     r = _run([_example("profile_doctor.py"), "--quick", "--out", str(out)], str(tmp_path))
