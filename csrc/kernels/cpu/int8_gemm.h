@@ -216,30 +216,45 @@ inline void gemm_scalar(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n
 // ---- avx2: |a| (u8) x sign(w, a) (s8), exact --------------------------------------------------
 
 #if defined(__AVX2__)
-/// acc[r][0 .. 16) = sum over k_pad of a[r, k] * w[panel channel, k], for MR rows.
+// The microkernels name their accumulators one by one (arrays of vectors make gcc keep a copy
+// on the stack inside the loop); rows beyond MR and panels beyond NB compile away.
+#define TS_INT8_AVX2_ROW(r)                                                        \
+  if constexpr (MR > r) {                                                          \
+    const __m256i ab = _mm256_set1_epi32(load_i32(a + r * lda + gi * 4));         \
+    const __m256i au = _mm256_abs_epi8(ab);                                        \
+    const __m256i p0 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, ab));        \
+    const __m256i p1 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, ab));        \
+    c##r##_0 = _mm256_add_epi32(c##r##_0, _mm256_madd_epi16(p0, ones));           \
+    c##r##_1 = _mm256_add_epi32(c##r##_1, _mm256_madd_epi16(p1, ones));           \
+  }
+#define TS_INT8_AVX2_STORE(r)                                                      \
+  if constexpr (MR > r) {                                                          \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r]), c##r##_0);             \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r] + 8), c##r##_1);         \
+  }
+
+/// acc[r][0 .. 16) = sum over k_pad of a[r, k] * w[panel channel, k], for MR <= 4 rows.
 template <int MR>
 void avx2_block(const int8_t* a, int64_t lda, const int8_t* panel, int64_t groups,
                 int32_t (*acc)[kInt8PanelN]) {
-  __m256i c[MR][2];
-  for (int r = 0; r < MR; ++r) c[r][0] = c[r][1] = _mm256_setzero_si256();
+  const __m256i z = _mm256_setzero_si256();
+  __m256i c0_0 = z, c0_1 = z, c1_0 = z, c1_1 = z, c2_0 = z, c2_1 = z, c3_0 = z, c3_1 = z;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t gi = 0; gi < groups; ++gi) {
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + gi * 64));
     const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + gi * 64 + 32));
-    for (int r = 0; r < MR; ++r) {
-      const __m256i ab = _mm256_set1_epi32(load_i32(a + r * lda + gi * 4));
-      const __m256i au = _mm256_abs_epi8(ab);
-      const __m256i p0 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, ab));
-      const __m256i p1 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, ab));
-      c[r][0] = _mm256_add_epi32(c[r][0], _mm256_madd_epi16(p0, ones));
-      c[r][1] = _mm256_add_epi32(c[r][1], _mm256_madd_epi16(p1, ones));
-    }
+    TS_INT8_AVX2_ROW(0)
+    TS_INT8_AVX2_ROW(1)
+    TS_INT8_AVX2_ROW(2)
+    TS_INT8_AVX2_ROW(3)
   }
-  for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r]), c[r][0]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r] + 8), c[r][1]);
-  }
+  TS_INT8_AVX2_STORE(0)
+  TS_INT8_AVX2_STORE(1)
+  TS_INT8_AVX2_STORE(2)
+  TS_INT8_AVX2_STORE(3)
 }
+#undef TS_INT8_AVX2_ROW
+#undef TS_INT8_AVX2_STORE
 
 inline void gemm_avx2(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   constexpr int MR = 4;
@@ -264,33 +279,67 @@ inline void gemm_avx2(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0,
 // ---- avx512_vnni: (a + 128) (u8) x w (s8) - 128 * sum_k w ---------------------------------------
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-/// acc[r][b * 16 .. b * 16 + 16) for MR rows of `au` (a xor 0x80) and NB panels from `panel`.
-template <int MR, int NB>
-void vnni_block(const uint8_t* au, int64_t lda, const int8_t* panel, int64_t panel_stride,
-                const int32_t* comp, int64_t groups, int32_t* acc, int64_t ldacc) {
-  __m512i c[MR][NB];
-  for (int r = 0; r < MR; ++r) {
-    for (int b = 0; b < NB; ++b) c[r][b] = _mm512_setzero_si512();
-  }
-  for (int64_t gi = 0; gi < groups; ++gi) {
-    __m512i w[NB];
-    for (int b = 0; b < NB; ++b) w[b] = _mm512_loadu_si512(panel + b * panel_stride + gi * 64);
-    for (int r = 0; r < MR; ++r) {
-      const __m512i ab =
-          _mm512_set1_epi32(load_i32(reinterpret_cast<const int8_t*>(au) + r * lda + gi * 4));
-      for (int b = 0; b < NB; ++b) c[r][b] = _mm512_dpbusd_epi32(c[r][b], ab, w[b]);
-    }
-  }
-  for (int b = 0; b < NB; ++b) {
-    const __m512i cb = _mm512_loadu_si512(comp + b * kInt8PanelN);
-    for (int r = 0; r < MR; ++r) {
-      _mm512_storeu_si512(acc + r * ldacc + b * kInt8PanelN, _mm512_sub_epi32(c[r][b], cb));
-    }
-  }
+/// c += u8 x s8 dot products (vpdpbusd), with c tied to the destination register: gcc 12's
+/// builtin copies the accumulator in and out around every instruction (and spills at 24).
+inline __m512i dpbusd(__m512i c, __m512i u8, __m512i s8) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(c) : "v"(u8), "v"(s8));
+  return c;
 }
 
+#define TS_INT8_VNNI_ROW(r)                                                              \
+  if constexpr (MR > r) {                                                                \
+    const __m512i ab = _mm512_set1_epi32(load_i32(a + r * lda + gi * 4));               \
+    c##r##_0 = dpbusd(c##r##_0, ab, w0);                                    \
+    if constexpr (NB > 1) c##r##_1 = dpbusd(c##r##_1, ab, w1);              \
+    if constexpr (NB > 2) c##r##_2 = dpbusd(c##r##_2, ab, w2);              \
+  }
+#define TS_INT8_VNNI_STORE(r)                                                            \
+  if constexpr (MR > r) {                                                                \
+    _mm512_storeu_si512(acc + r * ldacc, _mm512_sub_epi32(c##r##_0, k0));               \
+    if constexpr (NB > 1) _mm512_storeu_si512(acc + r * ldacc + 16, _mm512_sub_epi32(c##r##_1, k1)); \
+    if constexpr (NB > 2) _mm512_storeu_si512(acc + r * ldacc + 32, _mm512_sub_epi32(c##r##_2, k2)); \
+  }
+
+/// acc[r][b * 16 .. b * 16 + 16) for MR <= 8 rows of `a` (q xor 0x80, u8) and NB <= 3 panels.
+template <int MR, int NB>
+void vnni_block(const int8_t* a, int64_t lda, const int8_t* panel, int64_t panel_stride,
+                const int32_t* comp, int64_t groups, int32_t* acc, int64_t ldacc) {
+  const __m512i z = _mm512_setzero_si512();
+  __m512i c0_0 = z, c0_1 = z, c0_2 = z, c1_0 = z, c1_1 = z, c1_2 = z, c2_0 = z, c2_1 = z;
+  __m512i c2_2 = z, c3_0 = z, c3_1 = z, c3_2 = z, c4_0 = z, c4_1 = z, c4_2 = z, c5_0 = z;
+  __m512i c5_1 = z, c5_2 = z, c6_0 = z, c6_1 = z, c6_2 = z, c7_0 = z, c7_1 = z, c7_2 = z;
+  const int8_t* p1 = panel + panel_stride;
+  const int8_t* p2 = panel + 2 * panel_stride;
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    const __m512i w0 = _mm512_loadu_si512(panel + gi * 64);
+    const __m512i w1 = NB > 1 ? _mm512_loadu_si512(p1 + gi * 64) : z;
+    const __m512i w2 = NB > 2 ? _mm512_loadu_si512(p2 + gi * 64) : z;
+    TS_INT8_VNNI_ROW(0)
+    TS_INT8_VNNI_ROW(1)
+    TS_INT8_VNNI_ROW(2)
+    TS_INT8_VNNI_ROW(3)
+    TS_INT8_VNNI_ROW(4)
+    TS_INT8_VNNI_ROW(5)
+    TS_INT8_VNNI_ROW(6)
+    TS_INT8_VNNI_ROW(7)
+  }
+  const __m512i k0 = _mm512_loadu_si512(comp);
+  const __m512i k1 = NB > 1 ? _mm512_loadu_si512(comp + 16) : z;
+  const __m512i k2 = NB > 2 ? _mm512_loadu_si512(comp + 32) : z;
+  TS_INT8_VNNI_STORE(0)
+  TS_INT8_VNNI_STORE(1)
+  TS_INT8_VNNI_STORE(2)
+  TS_INT8_VNNI_STORE(3)
+  TS_INT8_VNNI_STORE(4)
+  TS_INT8_VNNI_STORE(5)
+  TS_INT8_VNNI_STORE(6)
+  TS_INT8_VNNI_STORE(7)
+}
+#undef TS_INT8_VNNI_ROW
+#undef TS_INT8_VNNI_STORE
+
 template <int MR>
-void vnni_rows(const Int8GemmArgs& g, const uint8_t* au, int64_t m, int64_t n, int64_t n1,
+void vnni_rows(const Int8GemmArgs& g, const int8_t* au, int64_t m, int64_t n, int64_t n1,
                int32_t* acc, int64_t ldacc) {
   const int64_t groups = g.k_pad / 4;
   const int64_t stride = kInt8PanelN * g.k_pad;
@@ -309,7 +358,7 @@ void vnni_rows(const Int8GemmArgs& g, const uint8_t* au, int64_t m, int64_t n, i
 /// Rows [m0, m1) x columns [n0, n1) with the VNNI microkernels (MR = 8 rows x 3 panels); the
 /// rows hold q xor 0x80 (quantize_rows<V, true>).
 inline void gemm_vnni(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  const uint8_t* au = reinterpret_cast<const uint8_t*>(g.a);
+  const int8_t* au = g.a;
   constexpr int MR = 8;
   constexpr int64_t NC = 3 * kInt8PanelN;
   int32_t acc[MR * NC];
