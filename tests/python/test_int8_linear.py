@@ -52,8 +52,17 @@ def assert_bitwise(out, ref):
 
 @pytest.mark.parametrize(
     "m,n,k",
-    [(1, 1, 1), (1, 17, 3), (3, 33, 65), (5, 1, 130), (7, 49, 257), (37, 97, 200), (48, 35, 129),
-     (17, 16, 64), (70, 130, 300)],
+    [
+        (1, 1, 1),
+        (1, 17, 3),
+        (3, 33, 65),
+        (5, 1, 130),
+        (7, 49, 257),
+        (37, 97, 200),
+        (48, 35, 129),
+        (17, 16, 64),
+        (70, 130, 300),
+    ],
 )
 def test_matches_int64_reference_bitwise(int8_path, m, n, k):
     gen = torch.Generator().manual_seed(m * 1000 + n * 10 + k)
@@ -326,7 +335,9 @@ def test_bad_inputs_raise_clearly(monkeypatch):
         op(x.double(), packed, s)
     with pytest.raises(RuntimeError, match="x must be contiguous"):
         op(torch.randn(16, 2).T, packed, s)
-    with pytest.raises(RuntimeError, match=r"packed for N = 8, K = 16, got N = 8 \(w_scale\), K = 17"):
+    with pytest.raises(
+        RuntimeError, match=r"packed for N = 8, K = 16, got N = 8 \(w_scale\), K = 17"
+    ):
         op(torch.randn(2, 17), packed, s)  # K mismatch, same padded size: the header tells
     with pytest.raises(RuntimeError, match="packed_w must be int8_pack_weight's result for N = 8"):
         op(torch.randn(2, 100), packed, s)  # K mismatch

@@ -124,7 +124,8 @@ inline const int32_t* packed_comp(const Int8GemmArgs& g) {
   return static_cast<const int32_t*>(g.packed);
 }
 inline const int8_t* packed_panel(const Int8GemmArgs& g, int64_t n) {
-  return reinterpret_cast<const int8_t*>(packed_comp(g) + g.n_pad) + (n / kInt8PanelN) * kInt8PanelN * g.k_pad;
+  return reinterpret_cast<const int8_t*>(packed_comp(g) + g.n_pad) +
+         (n / kInt8PanelN) * kInt8PanelN * g.k_pad;
 }
 
 inline int32_t load_i32(const int8_t* p) {
@@ -218,19 +219,19 @@ inline void gemm_scalar(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n
 #if defined(__AVX2__)
 // The microkernels name their accumulators one by one (arrays of vectors make gcc keep a copy
 // on the stack inside the loop); rows beyond MR and panels beyond NB compile away.
-#define TS_INT8_AVX2_ROW(r)                                                        \
-  if constexpr (MR > r) {                                                          \
-    const __m256i ab = _mm256_set1_epi32(load_i32(a + r * lda + gi * 4));         \
-    const __m256i au = _mm256_abs_epi8(ab);                                        \
-    const __m256i p0 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, ab));        \
-    const __m256i p1 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, ab));        \
-    c##r##_0 = _mm256_add_epi32(c##r##_0, _mm256_madd_epi16(p0, ones));           \
-    c##r##_1 = _mm256_add_epi32(c##r##_1, _mm256_madd_epi16(p1, ones));           \
+#define TS_INT8_AVX2_ROW(r)                                                \
+  if constexpr (MR > r) {                                                  \
+    const __m256i ab = _mm256_set1_epi32(load_i32(a + r * lda + gi * 4));  \
+    const __m256i au = _mm256_abs_epi8(ab);                                \
+    const __m256i p0 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, ab)); \
+    const __m256i p1 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, ab)); \
+    c##r##_0 = _mm256_add_epi32(c##r##_0, _mm256_madd_epi16(p0, ones));    \
+    c##r##_1 = _mm256_add_epi32(c##r##_1, _mm256_madd_epi16(p1, ones));    \
   }
-#define TS_INT8_AVX2_STORE(r)                                                      \
-  if constexpr (MR > r) {                                                          \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r]), c##r##_0);             \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r] + 8), c##r##_1);         \
+#define TS_INT8_AVX2_STORE(r)                                              \
+  if constexpr (MR > r) {                                                  \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r]), c##r##_0);     \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r] + 8), c##r##_1); \
   }
 
 /// acc[r][0 .. 16) = sum over k_pad of a[r, k] * w[panel channel, k], for MR <= 4 rows.
@@ -286,18 +287,20 @@ inline __m512i dpbusd(__m512i c, __m512i u8, __m512i s8) {
   return c;
 }
 
-#define TS_INT8_VNNI_ROW(r)                                                              \
-  if constexpr (MR > r) {                                                                \
-    const __m512i ab = _mm512_set1_epi32(load_i32(a + r * lda + gi * 4));               \
-    c##r##_0 = dpbusd(c##r##_0, ab, w0);                                    \
-    if constexpr (NB > 1) c##r##_1 = dpbusd(c##r##_1, ab, w1);              \
-    if constexpr (NB > 2) c##r##_2 = dpbusd(c##r##_2, ab, w2);              \
+#define TS_INT8_VNNI_ROW(r)                                               \
+  if constexpr (MR > r) {                                                 \
+    const __m512i ab = _mm512_set1_epi32(load_i32(a + r * lda + gi * 4)); \
+    c##r##_0 = dpbusd(c##r##_0, ab, w0);                                  \
+    if constexpr (NB > 1) c##r##_1 = dpbusd(c##r##_1, ab, w1);            \
+    if constexpr (NB > 2) c##r##_2 = dpbusd(c##r##_2, ab, w2);            \
   }
-#define TS_INT8_VNNI_STORE(r)                                                            \
-  if constexpr (MR > r) {                                                                \
-    _mm512_storeu_si512(acc + r * ldacc, _mm512_sub_epi32(c##r##_0, k0));               \
-    if constexpr (NB > 1) _mm512_storeu_si512(acc + r * ldacc + 16, _mm512_sub_epi32(c##r##_1, k1)); \
-    if constexpr (NB > 2) _mm512_storeu_si512(acc + r * ldacc + 32, _mm512_sub_epi32(c##r##_2, k2)); \
+#define TS_INT8_VNNI_STORE(r)                                                    \
+  if constexpr (MR > r) {                                                        \
+    _mm512_storeu_si512(acc + r * ldacc, _mm512_sub_epi32(c##r##_0, k0));        \
+    if constexpr (NB > 1)                                                        \
+      _mm512_storeu_si512(acc + r * ldacc + 16, _mm512_sub_epi32(c##r##_1, k1)); \
+    if constexpr (NB > 2)                                                        \
+      _mm512_storeu_si512(acc + r * ldacc + 32, _mm512_sub_epi32(c##r##_2, k2)); \
   }
 
 /// acc[r][b * 16 .. b * 16 + 16) for MR <= 8 rows of `a` (q xor 0x80, u8) and NB <= 3 panels.
@@ -378,7 +381,8 @@ inline void gemm_vnni(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0,
 
 #endif
 
-// ---- amx: tdpbusd on 32 x 32 blocks (u8 rows like VNNI, minus the same compensation) -------------------------------------------------------------
+// ---- amx: tdpbusd on 32 x 32 blocks (u8 rows like VNNI, minus the same compensation)
+// -------------------------------------------------------------
 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__)
 struct alignas(64) TileConfig {

@@ -38,11 +38,11 @@ TORCHSPEED_OP_ARGS(DequantizeInt8Args, "dequantize_int8", at::Tensor,
 TORCHSPEED_OP_ARGS(Int8PackWeightArgs, "int8_pack_weight", at::Tensor,
                    TORCHSPEED_INT8_PACK_WEIGHT_ARGS);
 
-#define TORCHSPEED_INT8_LINEAR_ARGS(X)                \
-  X(at::Tensor, x, {})                                \
-  X(at::Tensor, packed_w, {})                         \
-  X(at::Tensor, w_scale, {})                          \
-  X(std::optional<at::Tensor>, bias, std::nullopt)    \
+#define TORCHSPEED_INT8_LINEAR_ARGS(X)             \
+  X(at::Tensor, x, {})                             \
+  X(at::Tensor, packed_w, {})                      \
+  X(at::Tensor, w_scale, {})                       \
+  X(std::optional<at::Tensor>, bias, std::nullopt) \
   X(bool, relu, false)
 TORCHSPEED_OP_ARGS(Int8LinearArgs, "int8_linear", at::Tensor, TORCHSPEED_INT8_LINEAR_ARGS);
 

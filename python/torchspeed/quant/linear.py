@@ -103,7 +103,7 @@ class Int8Linear(nn.Module):
         self._packed = None  # (key, packed uint8 buffer), not in the state_dict
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, relu: bool = False) -> "Int8Linear":
+    def from_float(cls, linear: nn.Linear, relu: bool = False) -> Int8Linear:
         """Quantizes ``linear``'s weight per output channel; the bias stays float32."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(
@@ -111,9 +111,7 @@ class Int8Linear(nn.Module):
                 f"{type(linear).__name__}"
             )
         w = linear.weight
-        m = cls(
-            linear.in_features, linear.out_features, linear.bias is not None, relu, w.device
-        )
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None, relu, w.device)
         q, scale = quantize_weight(w)
         with torch.no_grad():
             m.weight.copy_(q)
