@@ -87,9 +87,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         shapes = [(m, k) for k in (1024, 2048, 4096) for m in (1, 32, 256, 2048)]
     h = Harness("bench_int8_linear", "torchspeed bench int8_linear " + " ".join(argv or []))
     ghz = cpu_ghz()
-    fp32_ceiling = CEILING_MACS_PER_CYCLE["fp32"] if "avx512" in _C.cpu_isas_compiled() and (
-        _C.cpu_isa_detected() in ("avx512", "avx512_vnni", "amx")
-    ) else 16
+    fp32_ceiling = (
+        CEILING_MACS_PER_CYCLE["fp32"]
+        if "avx512" in _C.cpu_isas_compiled()
+        and (_C.cpu_isa_detected() in ("avx512", "avx512_vnni", "amx"))
+        else 16
+    )
     saved = os.environ.get("TORCHSPEED_CPU_ISA")
     torch.manual_seed(0)
     try:
