@@ -267,11 +267,16 @@ def test_quantize_dynamic_on_a_trained_mlp_costs_under_one_point():
         nn.Linear(64, 4),
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(15):
-        for i in range(0, 4000, 200):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(xt[i : i + 200]), yt[i : i + 200]).backward()
-            opt.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: threads only add overhead
+    try:
+        for _ in range(10):
+            for i in range(0, 4000, 200):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(xt[i : i + 200]), yt[i : i + 200]).backward()
+                opt.step()
+    finally:
+        torch.set_num_threads(threads)
     with torch.no_grad():
         acc_fp32 = (model(xv).argmax(1) == yv).float().mean().item()
         qmodel = quant.quantize_dynamic(model)
@@ -395,3 +400,46 @@ def test_cuda_int8_linear_matches_cpu_bitwise():
     with torch.no_grad():
         y = quant.Int8Linear.from_float(lin)(torch.randn(5, 64, device="cuda"))
     assert y.device.type == "cuda" and y.shape == (5, 32)
+
+
+def test_amx_refused_falls_back_to_vnni():
+    # A child process whose AMX tile permission is refused (the test hook of dispatch.cpp): the
+    # best level is avx512_vnni, info says why, forcing amx fails clearly, results are unchanged.
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from conftest import runnable_isas
+
+    if "amx" not in runnable_isas():
+        pytest.skip("needs a CPU (and build) that runs the amx path")
+    code = (
+        "import os, torch, torchspeed\n"
+        "from torchspeed import _C, info, quant\n"
+        "assert _C.cpu_isa_detected() == 'avx512_vnni', _C.cpu_isa_detected()\n"
+        "assert _C.cpu_int8_path() == 'avx512_vnni'\n"
+        "assert 'refused' in _C.cpu_amx_status()\n"
+        "assert info.collect()['int8_path'].startswith('avx512_vnni (no amx: ')\n"
+        "torch.manual_seed(0)\n"
+        "x = torch.randn(40, 64); w = torch.randint(-127, 128, (20, 64), dtype=torch.int8)\n"
+        "y = quant.int8_linear(x, quant.int8_pack_weight(w), torch.ones(20))\n"
+        "torch.save(y, os.environ['OUT'])\n"
+        "os.environ['TORCHSPEED_CPU_ISA'] = 'amx'\n"
+        "try:\n"
+        "    _C.cpu_isa()\n"
+        "    raise SystemExit('forcing amx did not fail')\n"
+        "except RuntimeError as e:\n"
+        "    assert 'supports at most avx512_vnni' in str(e) and 'refused' in str(e), e\n"
+    )
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "y.pt")
+        env = dict(os.environ, TORCHSPEED_TEST_DENY_AMX="1", OUT=out)
+        env.pop("TORCHSPEED_CPU_ISA", None)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        y = torch.load(out)
+    torch.manual_seed(0)
+    x = torch.randn(40, 64)
+    w = torch.randint(-127, 128, (20, 64), dtype=torch.int8)
+    assert_bitwise(y, reference(x, w, torch.ones(20))[0])
