@@ -225,6 +225,12 @@ def test_int8linear_module_api(int8_path):
         m(x.requires_grad_())
     with torch.no_grad():
         assert torch.equal(m(x), y)
+    # model.half() keeps the fp32 scale and bias; an empty batch gives an empty result
+    half = quant.Int8Linear.from_float(lin).half()
+    assert half.weight_scale.dtype == torch.float32 and half.bias.dtype == torch.float32
+    with torch.no_grad():
+        assert half(x.half()).dtype == torch.float16
+        assert m(torch.randn(0, 40)).shape == (0, 24)
     no_bias = quant.Int8Linear.from_float(nn.Linear(40, 5, bias=False))
     with torch.inference_mode():
         assert no_bias(x).shape == (3, 7, 5)

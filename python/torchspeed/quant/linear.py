@@ -149,7 +149,13 @@ class Int8Linear(nn.Module):
 
     def _apply(self, fn, *args, **kwargs):
         self._packed = None  # a device move (or any buffer transform) repacks at the next call
-        return super()._apply(fn, *args, **kwargs)
+        out = super()._apply(fn, *args, **kwargs)
+        # model.half() / .to(torch.bfloat16) casts float buffers; the kernels take fp32 scales
+        # and bias (x and the output follow the input's dtype instead).
+        self.weight_scale = self.weight_scale.float()
+        if self.bias is not None:
+            self.bias = self.bias.float()
+        return out
 
     def _load_from_state_dict(self, *args, **kwargs):
         self._packed = None
