@@ -11,11 +11,11 @@ import torchspeed
 # Linear's kernels, so only its tests run them (the `int8_path` fixture).
 _ORDER = ["scalar", "avx2", "avx512"]
 _ALL = _ORDER + ["avx512_vnni", "amx"]
-# The int8 Linear's kernels per level: avx512 runs the avx2 kernel (compiled in its own unit).
+# The int8 Linear's kernel path of each level.
 INT8_PATHS = {
     "scalar": "scalar",
     "avx2": "avx2",
-    "avx512": "avx2",
+    "avx512": "avx512",
     "avx512_vnni": "avx512_vnni",
     "amx": "amx",
 }

@@ -1,4 +1,4 @@
-"""torchspeed.quant's int8 Linear: every int8 path (scalar, avx2, avx512_vnni, amx; the
+"""torchspeed.quant's int8 Linear: every int8 path (scalar, avx2, avx512, avx512_vnni, amx; the
 `int8_path` fixture forces each, skipping with the reason where this CPU lacks it) against an
 int64 reference of the exact int32 accumulation and torch's fp32 formula for the row quantization
 and the epilogue, bit for bit; the Int8Linear module's accuracy (vs fp32 and torch.ao's dynamic
@@ -381,7 +381,7 @@ def test_info_names_the_int8_path():
     from torchspeed import info
 
     data = info.collect()
-    assert data["int8_path"].split(" ")[0] in ("scalar", "avx2", "avx512_vnni", "amx")
+    assert data["int8_path"].split(" ")[0] in ("scalar", "avx2", "avx512", "avx512_vnni", "amx")
 
 
 # ---- CUDA -------------------------------------------------------------------------------------

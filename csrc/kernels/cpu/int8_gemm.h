@@ -4,8 +4,9 @@
 //   scalar       the reference loop.
 //   avx2         vpmaddubsw on |a| (u8) x sign(w, a) (s8): a pair sum is at most 2 * 128 * 127 =
 //                32512 < 32767, so it never saturates while w stays in [-127, 127]; vpmaddwd
-//                with ones widens the pairs to int32. Also the avx512 unit's path (AVX-512 has no
-//                vpsignb, and Skylake-SP has no VNNI).
+//                with ones widens the pairs to int32.
+//   avx512       the same sequence on 512 bits for AVX-512 CPUs without VNNI (Skylake-SP):
+//                AVX-512 has no vpsignb, so w is negated under the mask of a's sign bits.
 //   avx512_vnni  vpdpbusd on (a + 128) (u8, written so by the row quantization) x w (s8), no
 //                intermediate saturation, minus the per-channel compensation 128 * sum_k w[n, k]
 //                stored at pack time.
@@ -277,6 +278,104 @@ inline void gemm_avx2(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0,
 }
 #endif
 
+// ---- avx512 (BW, no VNNI): the avx2 sequence on 512 bits, sign(w, a) as a masked negation
+// ----------
+
+#if defined(__AVX512BW__)
+#define TS_INT8_BW_PANEL(r, b)       \
+  c##r##_##b = _mm512_add_epi32(     \
+      c##r##_##b, _mm512_madd_epi16( \
+                      _mm512_maddubs_epi16(au, _mm512_mask_sub_epi8(w##b, neg, z, w##b)), ones));
+#define TS_INT8_BW_ROW(r)                                                 \
+  if constexpr (MR > r) {                                                 \
+    const __m512i ab = _mm512_set1_epi32(load_i32(a + r * lda + gi * 4)); \
+    const __m512i au = _mm512_abs_epi8(ab);                               \
+    const __mmask64 neg = _mm512_movepi8_mask(ab);                        \
+    TS_INT8_BW_PANEL(r, 0)                                                \
+    if constexpr (NB > 1) {                                               \
+      TS_INT8_BW_PANEL(r, 1)                                              \
+    }                                                                     \
+    if constexpr (NB > 2) {                                               \
+      TS_INT8_BW_PANEL(r, 2)                                              \
+    }                                                                     \
+  }
+#define TS_INT8_BW_STORE(r)                                                    \
+  if constexpr (MR > r) {                                                      \
+    _mm512_storeu_si512(acc + r * ldacc, c##r##_0);                            \
+    if constexpr (NB > 1) _mm512_storeu_si512(acc + r * ldacc + 16, c##r##_1); \
+    if constexpr (NB > 2) _mm512_storeu_si512(acc + r * ldacc + 32, c##r##_2); \
+  }
+
+/// acc[r][b * 16 .. b * 16 + 16) for MR <= 6 rows of signed `a` and NB <= 3 panels: |a| (u8) x
+/// (w negated where a < 0) (s8), pair sums at most 2 * 128 * 127 like the avx2 path.
+template <int MR, int NB>
+void bw_block(const int8_t* a, int64_t lda, const int8_t* panel, int64_t panel_stride,
+              int64_t groups, int32_t* acc, int64_t ldacc) {
+  const __m512i z = _mm512_setzero_si512();
+  const __m512i ones = _mm512_set1_epi16(1);
+  __m512i c0_0 = z, c0_1 = z, c0_2 = z, c1_0 = z, c1_1 = z, c1_2 = z, c2_0 = z, c2_1 = z;
+  __m512i c2_2 = z, c3_0 = z, c3_1 = z, c3_2 = z, c4_0 = z, c4_1 = z, c4_2 = z, c5_0 = z;
+  __m512i c5_1 = z, c5_2 = z;
+  const int8_t* p1 = panel + panel_stride;
+  const int8_t* p2 = panel + 2 * panel_stride;
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    const __m512i w0 = _mm512_loadu_si512(panel + gi * 64);
+    const __m512i w1 = NB > 1 ? _mm512_loadu_si512(p1 + gi * 64) : z;
+    const __m512i w2 = NB > 2 ? _mm512_loadu_si512(p2 + gi * 64) : z;
+    TS_INT8_BW_ROW(0)
+    TS_INT8_BW_ROW(1)
+    TS_INT8_BW_ROW(2)
+    TS_INT8_BW_ROW(3)
+    TS_INT8_BW_ROW(4)
+    TS_INT8_BW_ROW(5)
+  }
+  TS_INT8_BW_STORE(0)
+  TS_INT8_BW_STORE(1)
+  TS_INT8_BW_STORE(2)
+  TS_INT8_BW_STORE(3)
+  TS_INT8_BW_STORE(4)
+  TS_INT8_BW_STORE(5)
+}
+#undef TS_INT8_BW_PANEL
+#undef TS_INT8_BW_ROW
+#undef TS_INT8_BW_STORE
+
+template <int MR>
+void bw_rows(const Int8GemmArgs& g, int64_t m, int64_t n, int64_t n1, int32_t* acc, int64_t ldacc) {
+  const int64_t groups = g.k_pad / 4;
+  const int64_t stride = kInt8PanelN * g.k_pad;
+  const int64_t panels = (std::min(n1, n + 3 * kInt8PanelN) - n + kInt8PanelN - 1) / kInt8PanelN;
+  const int8_t* panel = packed_panel(g, n);
+  const int8_t* a = g.a + m * g.lda;
+  if (panels == 3) {
+    bw_block<MR, 3>(a, g.lda, panel, stride, groups, acc, ldacc);
+  } else if (panels == 2) {
+    bw_block<MR, 2>(a, g.lda, panel, stride, groups, acc, ldacc);
+  } else {
+    bw_block<MR, 1>(a, g.lda, panel, stride, groups, acc, ldacc);
+  }
+}
+
+/// Rows [m0, m1) x columns [n0, n1) with the AVX-512BW microkernels (6 rows x 3 panels).
+inline void gemm_avx512bw(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  constexpr int MR = 6;
+  constexpr int64_t NC = 3 * kInt8PanelN;
+  int32_t acc[MR * NC];
+  for (int64_t n = n0; n < n1; n += NC) {
+    const int64_t cnt = std::min(NC, n1 - n);
+    int64_t m = m0;
+    for (; m + MR <= m1; m += MR) {
+      bw_rows<MR>(g, m, n, n1, acc, NC);
+      for (int r = 0; r < MR; ++r) epilogue_row(g, m + r, n, cnt, acc + r * NC);
+    }
+    for (; m < m1; ++m) {
+      bw_rows<1>(g, m, n, n1, acc, NC);
+      epilogue_row(g, m, n, cnt, acc);
+    }
+  }
+}
+#endif
+
 // ---- avx512_vnni: (a + 128) (u8) x w (s8) - 128 * sum_k w ---------------------------------------
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
@@ -472,6 +571,8 @@ constexpr Int8LinearKernels int8_linear_kernels() {
 #elif defined(__AVX512VNNI__) && defined(__AVX512F__)
   return {Int8Path::kAvx512Vnni, "avx512_vnni", &quantize_rows<EpiVec, true>, &pack_weight,
           &gemm_vnni};
+#elif defined(__AVX512BW__)
+  return {Int8Path::kAvx512, "avx512", &quantize_rows<EpiVec>, &pack_weight, &gemm_avx512bw};
 #elif defined(__AVX2__)
   return {Int8Path::kAvx2, "avx2", &quantize_rows<EpiVec>, &pack_weight, &gemm_avx2};
 #else

@@ -26,6 +26,8 @@ const char* path_name(int32_t path) {
       return "scalar";
     case kc::Int8Path::kAvx2:
       return "avx2";
+    case kc::Int8Path::kAvx512:
+      return "avx512";
     case kc::Int8Path::kAvx512Vnni:
       return "avx512_vnni";
     case kc::Int8Path::kAmx:

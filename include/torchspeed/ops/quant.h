@@ -54,8 +54,8 @@ TORCHSPEED_API at::Tensor dequantize_int8(
     const at::Tensor& q, const at::Tensor& scale,
     const std::optional<at::Tensor>& zero_point = std::nullopt);
 
-/// The int8 Linear's CPU kernel path now ("scalar", "avx2", "avx512_vnni", "amx"), honouring
-/// TORCHSPEED_CPU_ISA (whose avx512 level runs the exact avx2 kernel: AVX-512 has no vpsignb).
+/// The int8 Linear's CPU kernel path now ("scalar", "avx2", "avx512", "avx512_vnni", "amx"),
+/// honouring TORCHSPEED_CPU_ISA.
 TORCHSPEED_API std::string cpu_int8_path();
 /// Why this process cannot run the amx path ("" when it can): the CPU, the build, or the OS
 /// refusing the AMX tile permission (then the best path is avx512_vnni).

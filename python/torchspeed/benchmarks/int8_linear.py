@@ -6,7 +6,8 @@ epilogue (the module's forward).
 
 MACs = M * N * K. The ceilings assumed, per core and cycle (x threads x the clock /proc/cpuinfo
 reports): fp32 AVX-512 FMA 32 MACs (2 x 16), fp32 AVX2 FMA 16; int8 avx2 32 (the vpmaddubsw +
-vpmaddwd + vpaddd sequence on two ports: 2x AVX2 fp32, quant_prune.md §2.3), avx512_vnni 128
+vpmaddwd + vpaddd sequence on two ports: 2x AVX2 fp32, quant_prune.md §2.3), avx512 64 (the same
+on 512 bits; about 1.33x fp32 on Skylake-SP's two ports, quant_prune.md §2.3), avx512_vnni 128
 (2 x vpdpbusd of 64), amx 1024 (one 16x16x64 tdpbusd per 16 cycles). M = 1 is memory-bound: the
 GB/s column counts the weight bytes read (fp32: 4 N K, int8: N K).
 
@@ -30,10 +31,11 @@ CEILING_MACS_PER_CYCLE = {
     "fp32": 32,  # AVX-512 FMA; 16 on an AVX2-only CPU
     "scalar": 2,
     "avx2": 32,
+    "avx512": 64,
     "avx512_vnni": 128,
     "amx": 1024,
 }
-_LEVELS = ["scalar", "avx2", "avx512_vnni", "amx"]
+_LEVELS = ["scalar", "avx2", "avx512", "avx512_vnni", "amx"]
 
 
 def cpu_ghz() -> float:

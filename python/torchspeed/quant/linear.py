@@ -7,7 +7,7 @@ exact int32 accumulation and a fused fp32 epilogue (scales, bias, optional ReLU)
         y = qmodel(x)                                          # x float32 / bfloat16 / float16
 
 On CPU the weight is packed once for the int8 kernel path the CPU takes (``int8_path()``: scalar,
-avx2, avx512_vnni or amx; ``TORCHSPEED_CPU_ISA`` forces one) and the packed buffer is cached on the
+avx2, avx512, avx512_vnni or amx; ``TORCHSPEED_CPU_ISA`` forces one) and the packed buffer is cached on the
 module (rebuilt after a load, a device move or a path change); the state_dict holds the plain
 int8 [N, K] weight, its float32 scale and the float32 bias, so it is portable across machines.
 On CUDA the kernels take the plain weight. Inference only: no gradient flows through the layer
@@ -37,7 +37,8 @@ def _op(name: str):
 
 
 def int8_path() -> str:
-    """The int8 Linear's CPU kernel path now: "scalar", "avx2", "avx512_vnni" or "amx"."""
+    """The int8 Linear's CPU kernel path now: "scalar", "avx2", "avx512", "avx512_vnni" or
+    "amx"."""
     from torchspeed import _C
 
     return _C.cpu_int8_path()
