@@ -128,13 +128,15 @@ def test_k_65536(int8_path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_inputs_and_outputs_round_once(int8_path, dtype):
     gen = torch.Generator().manual_seed(7)
-    x = (torch.randn(2, 5, 77, generator=gen) * 4).to(dtype)
+    # 36 rows: the AMX tiles (32 rows, full and partial 32-column blocks) and the VNNI tail rows
+    x = (torch.randn(3, 12, 77, generator=gen) * 4).to(dtype)
     w = rand_int8(45, 77, gen=gen)
     w_scale = torch.rand(45, generator=gen) * 0.05
     bias = torch.randn(45, generator=gen)
-    out = run(x, w, w_scale, bias, True)
-    assert out.dtype == dtype and out.shape == (2, 5, 45)
-    assert_bitwise(out, reference(x, w, w_scale, bias, True)[0])
+    for b, relu in ((bias, True), (None, False)):
+        out = run(x, w, w_scale, b, relu)
+        assert out.dtype == dtype and out.shape == (3, 12, 45)
+        assert_bitwise(out, reference(x, w, w_scale, b, relu)[0])
 
 
 def test_zero_and_nonfinite_rows(int8_path):

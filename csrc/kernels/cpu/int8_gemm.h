@@ -527,6 +527,43 @@ void amx_block(const int8_t* a, int64_t lda, const int8_t* panel, int64_t panel_
   if constexpr (MT == 2 && NT == 2) _tile_stored(3, acc + 16 * 32 + 16, 128);
 }
 
+/// The epilogue of a full 32-column block (acc: rows x 32 int32, row stride 32): the column
+/// vectors (w_scale, bias, comp) are loaded once for all rows. The same fp32 operations, in the
+/// same order, as epilogue_row.
+template <typename T>
+void epilogue_block32(const Int8GemmArgs& g, int64_t m, int64_t rows, int64_t n, const int32_t* acc,
+                      const int32_t* comp) {
+  using V = EpiVec;
+  static_assert(V::kWidth == 16, "the amx unit's epilogue vectors are 16 floats");
+  const V ws0 = V::load(g.w_scale + n), ws1 = V::load(g.w_scale + n + 16);
+  const V zero(0.f);
+  V b0 = zero, b1 = zero;
+  if (g.bias) {
+    b0 = V::load(g.bias + n);
+    b1 = V::load(g.bias + n + 16);
+  }
+  const __m512i k0 = _mm512_loadu_si512(comp), k1 = _mm512_loadu_si512(comp + 16);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* a = acc + r * 32;
+    const V as(g.a_scale[m + r]);
+    V y0(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(a), k0)));
+    V y1(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(a + 16), k1)));
+    y0 = y0 * (as * ws0);
+    y1 = y1 * (as * ws1);
+    if (g.bias) {
+      y0 = y0 + b0;
+      y1 = y1 + b1;
+    }
+    if (g.relu) {
+      y0 = max(zero, y0);
+      y1 = max(zero, y1);
+    }
+    T* out = static_cast<T*>(g.out) + (m + r) * g.ldo + n;
+    y0.store(out);
+    y1.store(out + 16);
+  }
+}
+
 inline void gemm_amx(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   if (m1 <= m0) return;
   const int64_t full = m0 + (m1 - m0) / 16 * 16;  // rows the tiles take
@@ -550,10 +587,18 @@ inline void gemm_amx(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, 
               : amx_block<1, 1>(a, g.lda, panel, stride, chunks, acc);
         }
         const int32_t* comp = packed_comp(g) + n;
-        for (int64_t r = 0; r < rows; ++r) {
-          int32_t* row = acc + r * 32;
-          for (int j = 0; j < 32; ++j) row[j] -= comp[j];  // comp[n_pad) covers both panels
-          epilogue_row(g, m + r, n, cnt, row);
+        if (cnt == 32 && g.out_dtype == DType::kFloat) {
+          epilogue_block32<float>(g, m, rows, n, acc, comp);
+        } else if (cnt == 32 && g.out_dtype == DType::kBFloat16) {
+          epilogue_block32<bf16>(g, m, rows, n, acc, comp);
+        } else if (cnt == 32 && g.out_dtype == DType::kHalf) {
+          epilogue_block32<fp16>(g, m, rows, n, acc, comp);
+        } else {
+          for (int64_t r = 0; r < rows; ++r) {
+            int32_t* row = acc + r * 32;
+            for (int j = 0; j < 32; ++j) row[j] -= comp[j];  // comp[n_pad) covers both panels
+            epilogue_row(g, m + r, n, cnt, row);
+          }
         }
         m += rows;
       }
