@@ -15,9 +15,9 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
   m.def("quantize_int8(Tensor x, Tensor scale, Tensor? zero_point=None) -> Tensor");
   // The inverse map, float32: (q - zero_point) * scale, with the same granularity rule.
   m.def("dequantize_int8(Tensor q, Tensor scale, Tensor? zero_point=None) -> Tensor");
-  // The int8 Linear (dynamic per-row activations, per-channel int8 weights). int8_pack_weight (CPU):
-  // w int8 [N, K] in [-127, 127] -> uint8 [64 + 4 * N_pad + N_pad * K_pad] (N_pad, K_pad: N and K
-  // rounded up to 16 and 64), a header naming the int8 path, N and K, then the panels.
+  // The int8 Linear (dynamic per-row activations, per-channel int8 weights). int8_pack_weight
+  // (CPU): w int8 [N, K] in [-127, 127] -> uint8 [64 + 4 * N_pad + N_pad * K_pad] (N_pad, K_pad: N
+  // and K rounded up to 16 and 64), a header naming the int8 path, N and K, then the panels.
   m.def("int8_pack_weight(Tensor w) -> Tensor");
   // x (float32/bfloat16/float16 [..., K], contiguous) -> [..., N] of x's dtype:
   //   scale[m] = max_k |x[m, k]| / 127 (1 for a zero row), q = clamp(round_half_even(x / scale))

@@ -114,7 +114,8 @@ inline SymQuantLayout validate(const DequantizeInt8Args& a) {
   return check_quant_args(DequantizeInt8Args::kName, "q", a.q, a.scale, a.zero_point);
 }
 
-// ---- The int8 Linear -----------------------------------------------------------------------------
+// ---- The int8 Linear
+// -----------------------------------------------------------------------------
 
 /// Largest K the int8 GEMM accepts: 131072 * 127 * 127 < 2^31, so its int32 sums stay exact.
 constexpr int64_t kInt8LinearMaxK = int64_t{1} << 17;
@@ -160,8 +161,8 @@ inline SymInt8LinearShape validate(const Int8LinearArgs& a) {
               a.x.sym_strides());
   SymInt8LinearShape s;
   s.k = a.x.sym_size(-1);
-  TORCH_CHECK(s.k >= 1 && s.k <= kInt8LinearMaxK, "torchspeed.", op, ": x's last dim (K) must be in [1, ",
-              kInt8LinearMaxK, "], got ", s.k);
+  TORCH_CHECK(s.k >= 1 && s.k <= kInt8LinearMaxK, "torchspeed.", op,
+              ": x's last dim (K) must be in [1, ", kInt8LinearMaxK, "], got ", s.k);
   s.m = a.x.sym_numel() / s.k;
   TORCH_CHECK(a.w_scale.defined() && a.w_scale.layout() == at::kStrided &&
                   a.w_scale.scalar_type() == at::kFloat && a.w_scale.dim() == 1 &&
@@ -178,24 +179,26 @@ inline SymInt8LinearShape validate(const Int8LinearArgs& a) {
   if (w.scalar_type() == at::kByte) {
     const c10::SymInt bytes = int8_packed_bytes(s.n, s.k);
     TORCH_CHECK(w.dim() == 1 && w.is_contiguous() && w.sym_numel() == bytes, "torchspeed.", op,
-                ": packed_w must be int8_pack_weight's result for N = ", s.n, " (w_scale) and K = ",
-                s.k, " (x's last dim): ", bytes, " contiguous bytes, got shape ", w.sym_sizes());
+                ": packed_w must be int8_pack_weight's result for N = ", s.n,
+                " (w_scale) and K = ", s.k, " (x's last dim): ", bytes,
+                " contiguous bytes, got shape ", w.sym_sizes());
     s.packed = true;
   } else {
     TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous() &&
                     w.sym_size(0) == s.n && w.sym_size(1) == s.k,
                 "torchspeed.", op,
                 ": packed_w must be int8_pack_weight's uint8 buffer, or (CUDA) the contiguous int8 "
-                "[N, K] weight with N = ", s.n, " (w_scale), K = ", s.k, " (x's last dim), got ",
-                w.scalar_type(), " of shape ", w.sym_sizes());
+                "[N, K] weight with N = ",
+                s.n, " (w_scale), K = ", s.k, " (x's last dim), got ", w.scalar_type(),
+                " of shape ", w.sym_sizes());
     s.packed = false;
   }
   if (a.bias) {
     const at::Tensor& b = *a.bias;
     TORCH_CHECK(b.layout() == at::kStrided && b.scalar_type() == at::kFloat && b.dim() == 1 &&
                     b.is_contiguous() && b.sym_size(0) == s.n,
-                "torchspeed.", op, ": bias must be a contiguous float32 [", s.n, "] tensor or None, got ",
-                b.scalar_type(), " of shape ", b.sym_sizes());
+                "torchspeed.", op, ": bias must be a contiguous float32 [", s.n,
+                "] tensor or None, got ", b.scalar_type(), " of shape ", b.sym_sizes());
     TORCH_CHECK(b.device() == a.x.device(), "torchspeed.", op, ": bias must be on ", a.x.device(),
                 ", got ", b.device());
   }

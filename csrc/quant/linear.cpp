@@ -19,8 +19,8 @@ void Int8LinearImpl::reset() {
   TORCH_CHECK(options.in_features() >= 1 && options.out_features() >= 1,
               "torchspeed.quant.Int8Linear: in_features and out_features must be >= 1, got ",
               options.in_features(), " and ", options.out_features());
-  weight = register_buffer("weight",
-                           torch::zeros({options.out_features(), options.in_features()}, torch::kChar));
+  weight = register_buffer(
+      "weight", torch::zeros({options.out_features(), options.in_features()}, torch::kChar));
   weight_scale = register_buffer("weight_scale", torch::ones({options.out_features()}));
   if (options.bias()) bias = register_buffer("bias", torch::zeros({options.out_features()}));
   packed_ = at::Tensor();
@@ -28,10 +28,10 @@ void Int8LinearImpl::reset() {
 }
 
 void Int8LinearImpl::set_float_weight(const at::Tensor& w) {
-  TORCH_CHECK(w.dim() == 2 && w.size(0) == options.out_features() &&
-                  w.size(1) == options.in_features(),
-              "torchspeed.quant.Int8Linear: the float weight must be [", options.out_features(),
-              ", ", options.in_features(), "], got ", w.sizes());
+  TORCH_CHECK(
+      w.dim() == 2 && w.size(0) == options.out_features() && w.size(1) == options.in_features(),
+      "torchspeed.quant.Int8Linear: the float weight must be [", options.out_features(), ", ",
+      options.in_features(), "], got ", w.sizes());
   torch::NoGradGuard no_grad;
   const auto wf = w.detach().to(torch::kFloat);
   const auto absmax = wf.abs().amax(1);
@@ -63,8 +63,9 @@ at::Tensor Int8LinearImpl::forward(const at::Tensor& x) {
 void Int8LinearImpl::pretty_print(std::ostream& stream) const {
   stream << "torchspeed::quant::Int8Linear(in_features=" << options.in_features()
          << ", out_features=" << options.out_features() << ", bias=" << options.bias()
-         << ", relu=" << options.relu() << ", int8_path="
-         << (weight.device().is_cpu() ? cpu_int8_path() : weight.device().str()) << ")";
+         << ", relu=" << options.relu()
+         << ", int8_path=" << (weight.device().is_cpu() ? cpu_int8_path() : weight.device().str())
+         << ")";
 }
 
 Int8Linear from_float(const torch::nn::Linear& linear, bool relu) {

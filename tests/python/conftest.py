@@ -11,7 +11,14 @@ import torchspeed
 # Linear's kernels, so only its tests run them (the `int8_path` fixture).
 _ORDER = ["scalar", "avx2", "avx512"]
 _ALL = _ORDER + ["avx512_vnni", "amx"]
-INT8_PATHS = ["scalar", "avx2", "avx512_vnni", "amx"]
+# The int8 Linear's kernel path of each level.
+INT8_PATHS = {
+    "scalar": "scalar",
+    "avx2": "avx2",
+    "avx512": "avx512",
+    "avx512_vnni": "avx512_vnni",
+    "amx": "amx",
+}
 
 
 def runnable_isas():
@@ -55,13 +62,13 @@ def device(request, monkeypatch):
     return "cpu"
 
 
-@pytest.fixture(params=INT8_PATHS)
+@pytest.fixture(params=list(INT8_PATHS))
 def int8_path(request, monkeypatch):
-    """Forces the ISA level whose int8 Linear kernels are `request.param` (the int8 tests run each
-    int8 path once; avx512 runs the avx2 one); skipped with the reason where it cannot run."""
+    """Forces each ISA level for the int8 Linear's tests and returns its int8 path's name;
+    skipped with the reason where this CPU or build cannot run it."""
     _force_isa(request.param, monkeypatch)
-    assert torchspeed._C.cpu_int8_path() == request.param
-    return request.param
+    assert torchspeed._C.cpu_int8_path() == INT8_PATHS[request.param]
+    return INT8_PATHS[request.param]
 
 
 def _force_isa(isa, monkeypatch):

@@ -1,4 +1,4 @@
-"""torchspeed.quant's int8 Linear: every int8 path (scalar, avx2, avx512_vnni, amx; the
+"""torchspeed.quant's int8 Linear: every int8 path (scalar, avx2, avx512, avx512_vnni, amx; the
 `int8_path` fixture forces each, skipping with the reason where this CPU lacks it) against an
 int64 reference of the exact int32 accumulation and torch's fp32 formula for the row quantization
 and the epilogue, bit for bit; the Int8Linear module's accuracy (vs fp32 and torch.ao's dynamic
@@ -52,8 +52,17 @@ def assert_bitwise(out, ref):
 
 @pytest.mark.parametrize(
     "m,n,k",
-    [(1, 1, 1), (1, 17, 3), (3, 33, 65), (5, 1, 130), (7, 49, 257), (37, 97, 200), (48, 35, 129),
-     (17, 16, 64), (70, 130, 300)],
+    [
+        (1, 1, 1),
+        (1, 17, 3),
+        (3, 33, 65),
+        (5, 1, 130),
+        (7, 49, 257),
+        (37, 97, 200),
+        (48, 35, 129),
+        (17, 16, 64),
+        (70, 130, 300),
+    ],
 )
 def test_matches_int64_reference_bitwise(int8_path, m, n, k):
     gen = torch.Generator().manual_seed(m * 1000 + n * 10 + k)
@@ -119,13 +128,15 @@ def test_k_65536(int8_path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_inputs_and_outputs_round_once(int8_path, dtype):
     gen = torch.Generator().manual_seed(7)
-    x = (torch.randn(2, 5, 77, generator=gen) * 4).to(dtype)
+    # 36 rows: the AMX tiles (32 rows, full and partial 32-column blocks) and the VNNI tail rows
+    x = (torch.randn(3, 12, 77, generator=gen) * 4).to(dtype)
     w = rand_int8(45, 77, gen=gen)
     w_scale = torch.rand(45, generator=gen) * 0.05
     bias = torch.randn(45, generator=gen)
-    out = run(x, w, w_scale, bias, True)
-    assert out.dtype == dtype and out.shape == (2, 5, 45)
-    assert_bitwise(out, reference(x, w, w_scale, bias, True)[0])
+    for b, relu in ((bias, True), (None, False)):
+        out = run(x, w, w_scale, b, relu)
+        assert out.dtype == dtype and out.shape == (3, 12, 45)
+        assert_bitwise(out, reference(x, w, w_scale, b, relu)[0])
 
 
 def test_zero_and_nonfinite_rows(int8_path):
@@ -216,6 +227,12 @@ def test_int8linear_module_api(int8_path):
         m(x.requires_grad_())
     with torch.no_grad():
         assert torch.equal(m(x), y)
+    # model.half() keeps the fp32 scale and bias; an empty batch gives an empty result
+    half = quant.Int8Linear.from_float(lin).half()
+    assert half.weight_scale.dtype == torch.float32 and half.bias.dtype == torch.float32
+    with torch.no_grad():
+        assert half(x.half()).dtype == torch.float16
+        assert m(torch.randn(0, 40)).shape == (0, 24)
     no_bias = quant.Int8Linear.from_float(nn.Linear(40, 5, bias=False))
     with torch.inference_mode():
         assert no_bias(x).shape == (3, 7, 5)
@@ -258,11 +275,16 @@ def test_quantize_dynamic_on_a_trained_mlp_costs_under_one_point():
         nn.Linear(64, 4),
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(15):
-        for i in range(0, 4000, 200):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(xt[i : i + 200]), yt[i : i + 200]).backward()
-            opt.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: threads only add overhead
+    try:
+        for _ in range(10):
+            for i in range(0, 4000, 200):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(xt[i : i + 200]), yt[i : i + 200]).backward()
+                opt.step()
+    finally:
+        torch.set_num_threads(threads)
     with torch.no_grad():
         acc_fp32 = (model(xv).argmax(1) == yv).float().mean().item()
         qmodel = quant.quantize_dynamic(model)
@@ -326,7 +348,9 @@ def test_bad_inputs_raise_clearly(monkeypatch):
         op(x.double(), packed, s)
     with pytest.raises(RuntimeError, match="x must be contiguous"):
         op(torch.randn(16, 2).T, packed, s)
-    with pytest.raises(RuntimeError, match=r"packed for N = 8, K = 16, got N = 8 \(w_scale\), K = 17"):
+    with pytest.raises(
+        RuntimeError, match=r"packed for N = 8, K = 16, got N = 8 \(w_scale\), K = 17"
+    ):
         op(torch.randn(2, 17), packed, s)  # K mismatch, same padded size: the header tells
     with pytest.raises(RuntimeError, match="packed_w must be int8_pack_weight's result for N = 8"):
         op(torch.randn(2, 100), packed, s)  # K mismatch
@@ -359,7 +383,7 @@ def test_info_names_the_int8_path():
     from torchspeed import info
 
     data = info.collect()
-    assert data["int8_path"].split(" ")[0] in ("scalar", "avx2", "avx512_vnni", "amx")
+    assert data["int8_path"].split(" ")[0] in ("scalar", "avx2", "avx512", "avx512_vnni", "amx")
 
 
 # ---- CUDA -------------------------------------------------------------------------------------
@@ -384,3 +408,46 @@ def test_cuda_int8_linear_matches_cpu_bitwise():
     with torch.no_grad():
         y = quant.Int8Linear.from_float(lin)(torch.randn(5, 64, device="cuda"))
     assert y.device.type == "cuda" and y.shape == (5, 32)
+
+
+def test_amx_refused_falls_back_to_vnni():
+    # A child process whose AMX tile permission is refused (the test hook of dispatch.cpp): the
+    # best level is avx512_vnni, info says why, forcing amx fails clearly, results are unchanged.
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from conftest import runnable_isas
+
+    if "amx" not in runnable_isas():
+        pytest.skip("needs a CPU (and build) that runs the amx path")
+    code = (
+        "import os, torch, torchspeed\n"
+        "from torchspeed import _C, info, quant\n"
+        "assert _C.cpu_isa_detected() == 'avx512_vnni', _C.cpu_isa_detected()\n"
+        "assert _C.cpu_int8_path() == 'avx512_vnni'\n"
+        "assert 'refused' in _C.cpu_amx_status()\n"
+        "assert info.collect()['int8_path'].startswith('avx512_vnni (no amx: ')\n"
+        "torch.manual_seed(0)\n"
+        "x = torch.randn(40, 64); w = torch.randint(-127, 128, (20, 64), dtype=torch.int8)\n"
+        "y = quant.int8_linear(x, quant.int8_pack_weight(w), torch.ones(20))\n"
+        "torch.save(y, os.environ['OUT'])\n"
+        "os.environ['TORCHSPEED_CPU_ISA'] = 'amx'\n"
+        "try:\n"
+        "    _C.cpu_isa()\n"
+        "    raise SystemExit('forcing amx did not fail')\n"
+        "except RuntimeError as e:\n"
+        "    assert 'supports at most avx512_vnni' in str(e) and 'refused' in str(e), e\n"
+    )
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "y.pt")
+        env = dict(os.environ, TORCHSPEED_TEST_DENY_AMX="1", OUT=out)
+        env.pop("TORCHSPEED_CPU_ISA", None)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        y = torch.load(out)
+    torch.manual_seed(0)
+    x = torch.randn(40, 64)
+    w = torch.randint(-127, 128, (20, 64), dtype=torch.int8)
+    assert_bitwise(y, reference(x, w, torch.ones(20))[0])

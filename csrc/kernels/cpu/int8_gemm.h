@@ -4,8 +4,9 @@
 //   scalar       the reference loop.
 //   avx2         vpmaddubsw on |a| (u8) x sign(w, a) (s8): a pair sum is at most 2 * 128 * 127 =
 //                32512 < 32767, so it never saturates while w stays in [-127, 127]; vpmaddwd
-//                with ones widens the pairs to int32. Also the avx512 unit's path (AVX-512 has no
-//                vpsignb, and Skylake-SP has no VNNI).
+//                with ones widens the pairs to int32.
+//   avx512       the same sequence on 512 bits for AVX-512 CPUs without VNNI (Skylake-SP):
+//                AVX-512 has no vpsignb, so w is negated under the mask of a's sign bits.
 //   avx512_vnni  vpdpbusd on (a + 128) (u8, written so by the row quantization) x w (s8), no
 //                intermediate saturation, minus the per-channel compensation 128 * sum_k w[n, k]
 //                stored at pack time.
@@ -124,7 +125,8 @@ inline const int32_t* packed_comp(const Int8GemmArgs& g) {
   return static_cast<const int32_t*>(g.packed);
 }
 inline const int8_t* packed_panel(const Int8GemmArgs& g, int64_t n) {
-  return reinterpret_cast<const int8_t*>(packed_comp(g) + g.n_pad) + (n / kInt8PanelN) * kInt8PanelN * g.k_pad;
+  return reinterpret_cast<const int8_t*>(packed_comp(g) + g.n_pad) +
+         (n / kInt8PanelN) * kInt8PanelN * g.k_pad;
 }
 
 inline int32_t load_i32(const int8_t* p) {
@@ -216,30 +218,45 @@ inline void gemm_scalar(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n
 // ---- avx2: |a| (u8) x sign(w, a) (s8), exact --------------------------------------------------
 
 #if defined(__AVX2__)
-/// acc[r][0 .. 16) = sum over k_pad of a[r, k] * w[panel channel, k], for MR rows.
+// The microkernels name their accumulators one by one (arrays of vectors make gcc keep a copy
+// on the stack inside the loop); rows beyond MR and panels beyond NB compile away.
+#define TS_INT8_AVX2_ROW(r)                                                \
+  if constexpr (MR > r) {                                                  \
+    const __m256i ab = _mm256_set1_epi32(load_i32(a + r * lda + gi * 4));  \
+    const __m256i au = _mm256_abs_epi8(ab);                                \
+    const __m256i p0 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, ab)); \
+    const __m256i p1 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, ab)); \
+    c##r##_0 = _mm256_add_epi32(c##r##_0, _mm256_madd_epi16(p0, ones));    \
+    c##r##_1 = _mm256_add_epi32(c##r##_1, _mm256_madd_epi16(p1, ones));    \
+  }
+#define TS_INT8_AVX2_STORE(r)                                              \
+  if constexpr (MR > r) {                                                  \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r]), c##r##_0);     \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r] + 8), c##r##_1); \
+  }
+
+/// acc[r][0 .. 16) = sum over k_pad of a[r, k] * w[panel channel, k], for MR <= 4 rows.
 template <int MR>
 void avx2_block(const int8_t* a, int64_t lda, const int8_t* panel, int64_t groups,
                 int32_t (*acc)[kInt8PanelN]) {
-  __m256i c[MR][2];
-  for (int r = 0; r < MR; ++r) c[r][0] = c[r][1] = _mm256_setzero_si256();
+  const __m256i z = _mm256_setzero_si256();
+  __m256i c0_0 = z, c0_1 = z, c1_0 = z, c1_1 = z, c2_0 = z, c2_1 = z, c3_0 = z, c3_1 = z;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t gi = 0; gi < groups; ++gi) {
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + gi * 64));
     const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + gi * 64 + 32));
-    for (int r = 0; r < MR; ++r) {
-      const __m256i ab = _mm256_set1_epi32(load_i32(a + r * lda + gi * 4));
-      const __m256i au = _mm256_abs_epi8(ab);
-      const __m256i p0 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w0, ab));
-      const __m256i p1 = _mm256_maddubs_epi16(au, _mm256_sign_epi8(w1, ab));
-      c[r][0] = _mm256_add_epi32(c[r][0], _mm256_madd_epi16(p0, ones));
-      c[r][1] = _mm256_add_epi32(c[r][1], _mm256_madd_epi16(p1, ones));
-    }
+    TS_INT8_AVX2_ROW(0)
+    TS_INT8_AVX2_ROW(1)
+    TS_INT8_AVX2_ROW(2)
+    TS_INT8_AVX2_ROW(3)
   }
-  for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r]), c[r][0]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r] + 8), c[r][1]);
-  }
+  TS_INT8_AVX2_STORE(0)
+  TS_INT8_AVX2_STORE(1)
+  TS_INT8_AVX2_STORE(2)
+  TS_INT8_AVX2_STORE(3)
 }
+#undef TS_INT8_AVX2_ROW
+#undef TS_INT8_AVX2_STORE
 
 inline void gemm_avx2(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   constexpr int MR = 4;
@@ -261,36 +278,170 @@ inline void gemm_avx2(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0,
 }
 #endif
 
-// ---- avx512_vnni: (a + 128) (u8) x w (s8) - 128 * sum_k w ---------------------------------------
+// ---- avx512 (BW, no VNNI): the avx2 sequence on 512 bits, sign(w, a) as a masked negation
+// ----------
 
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
-/// acc[r][b * 16 .. b * 16 + 16) for MR rows of `au` (a xor 0x80) and NB panels from `panel`.
+#if defined(__AVX512BW__)
+#define TS_INT8_BW_PANEL(r, b)       \
+  c##r##_##b = _mm512_add_epi32(     \
+      c##r##_##b, _mm512_madd_epi16( \
+                      _mm512_maddubs_epi16(au, _mm512_mask_sub_epi8(w##b, neg, z, w##b)), ones));
+#define TS_INT8_BW_ROW(r)                                                 \
+  if constexpr (MR > r) {                                                 \
+    const __m512i ab = _mm512_set1_epi32(load_i32(a + r * lda + gi * 4)); \
+    const __m512i au = _mm512_abs_epi8(ab);                               \
+    const __mmask64 neg = _mm512_movepi8_mask(ab);                        \
+    TS_INT8_BW_PANEL(r, 0)                                                \
+    if constexpr (NB > 1) {                                               \
+      TS_INT8_BW_PANEL(r, 1)                                              \
+    }                                                                     \
+    if constexpr (NB > 2) {                                               \
+      TS_INT8_BW_PANEL(r, 2)                                              \
+    }                                                                     \
+  }
+#define TS_INT8_BW_STORE(r)                                                    \
+  if constexpr (MR > r) {                                                      \
+    _mm512_storeu_si512(acc + r * ldacc, c##r##_0);                            \
+    if constexpr (NB > 1) _mm512_storeu_si512(acc + r * ldacc + 16, c##r##_1); \
+    if constexpr (NB > 2) _mm512_storeu_si512(acc + r * ldacc + 32, c##r##_2); \
+  }
+
+/// acc[r][b * 16 .. b * 16 + 16) for MR <= 6 rows of signed `a` and NB <= 3 panels: |a| (u8) x
+/// (w negated where a < 0) (s8), pair sums at most 2 * 128 * 127 like the avx2 path.
 template <int MR, int NB>
-void vnni_block(const uint8_t* au, int64_t lda, const int8_t* panel, int64_t panel_stride,
-                const int32_t* comp, int64_t groups, int32_t* acc, int64_t ldacc) {
-  __m512i c[MR][NB];
-  for (int r = 0; r < MR; ++r) {
-    for (int b = 0; b < NB; ++b) c[r][b] = _mm512_setzero_si512();
-  }
+void bw_block(const int8_t* a, int64_t lda, const int8_t* panel, int64_t panel_stride,
+              int64_t groups, int32_t* acc, int64_t ldacc) {
+  const __m512i z = _mm512_setzero_si512();
+  const __m512i ones = _mm512_set1_epi16(1);
+  __m512i c0_0 = z, c0_1 = z, c0_2 = z, c1_0 = z, c1_1 = z, c1_2 = z, c2_0 = z, c2_1 = z;
+  __m512i c2_2 = z, c3_0 = z, c3_1 = z, c3_2 = z, c4_0 = z, c4_1 = z, c4_2 = z, c5_0 = z;
+  __m512i c5_1 = z, c5_2 = z;
+  const int8_t* p1 = panel + panel_stride;
+  const int8_t* p2 = panel + 2 * panel_stride;
   for (int64_t gi = 0; gi < groups; ++gi) {
-    __m512i w[NB];
-    for (int b = 0; b < NB; ++b) w[b] = _mm512_loadu_si512(panel + b * panel_stride + gi * 64);
-    for (int r = 0; r < MR; ++r) {
-      const __m512i ab =
-          _mm512_set1_epi32(load_i32(reinterpret_cast<const int8_t*>(au) + r * lda + gi * 4));
-      for (int b = 0; b < NB; ++b) c[r][b] = _mm512_dpbusd_epi32(c[r][b], ab, w[b]);
-    }
+    const __m512i w0 = _mm512_loadu_si512(panel + gi * 64);
+    const __m512i w1 = NB > 1 ? _mm512_loadu_si512(p1 + gi * 64) : z;
+    const __m512i w2 = NB > 2 ? _mm512_loadu_si512(p2 + gi * 64) : z;
+    TS_INT8_BW_ROW(0)
+    TS_INT8_BW_ROW(1)
+    TS_INT8_BW_ROW(2)
+    TS_INT8_BW_ROW(3)
+    TS_INT8_BW_ROW(4)
+    TS_INT8_BW_ROW(5)
   }
-  for (int b = 0; b < NB; ++b) {
-    const __m512i cb = _mm512_loadu_si512(comp + b * kInt8PanelN);
-    for (int r = 0; r < MR; ++r) {
-      _mm512_storeu_si512(acc + r * ldacc + b * kInt8PanelN, _mm512_sub_epi32(c[r][b], cb));
-    }
+  TS_INT8_BW_STORE(0)
+  TS_INT8_BW_STORE(1)
+  TS_INT8_BW_STORE(2)
+  TS_INT8_BW_STORE(3)
+  TS_INT8_BW_STORE(4)
+  TS_INT8_BW_STORE(5)
+}
+#undef TS_INT8_BW_PANEL
+#undef TS_INT8_BW_ROW
+#undef TS_INT8_BW_STORE
+
+template <int MR>
+void bw_rows(const Int8GemmArgs& g, int64_t m, int64_t n, int64_t n1, int32_t* acc, int64_t ldacc) {
+  const int64_t groups = g.k_pad / 4;
+  const int64_t stride = kInt8PanelN * g.k_pad;
+  const int64_t panels = (std::min(n1, n + 3 * kInt8PanelN) - n + kInt8PanelN - 1) / kInt8PanelN;
+  const int8_t* panel = packed_panel(g, n);
+  const int8_t* a = g.a + m * g.lda;
+  if (panels == 3) {
+    bw_block<MR, 3>(a, g.lda, panel, stride, groups, acc, ldacc);
+  } else if (panels == 2) {
+    bw_block<MR, 2>(a, g.lda, panel, stride, groups, acc, ldacc);
+  } else {
+    bw_block<MR, 1>(a, g.lda, panel, stride, groups, acc, ldacc);
   }
 }
 
+/// Rows [m0, m1) x columns [n0, n1) with the AVX-512BW microkernels (6 rows x 3 panels).
+inline void gemm_avx512bw(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  constexpr int MR = 6;
+  constexpr int64_t NC = 3 * kInt8PanelN;
+  int32_t acc[MR * NC];
+  for (int64_t n = n0; n < n1; n += NC) {
+    const int64_t cnt = std::min(NC, n1 - n);
+    int64_t m = m0;
+    for (; m + MR <= m1; m += MR) {
+      bw_rows<MR>(g, m, n, n1, acc, NC);
+      for (int r = 0; r < MR; ++r) epilogue_row(g, m + r, n, cnt, acc + r * NC);
+    }
+    for (; m < m1; ++m) {
+      bw_rows<1>(g, m, n, n1, acc, NC);
+      epilogue_row(g, m, n, cnt, acc);
+    }
+  }
+}
+#endif
+
+// ---- avx512_vnni: (a + 128) (u8) x w (s8) - 128 * sum_k w ---------------------------------------
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+/// c += u8 x s8 dot products (vpdpbusd), with c tied to the destination register: gcc 12's
+/// builtin copies the accumulator in and out around every instruction (and spills at 24).
+inline __m512i dpbusd(__m512i c, __m512i u8, __m512i s8) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(c) : "v"(u8), "v"(s8));
+  return c;
+}
+
+#define TS_INT8_VNNI_ROW(r)                                               \
+  if constexpr (MR > r) {                                                 \
+    const __m512i ab = _mm512_set1_epi32(load_i32(a + r * lda + gi * 4)); \
+    c##r##_0 = dpbusd(c##r##_0, ab, w0);                                  \
+    if constexpr (NB > 1) c##r##_1 = dpbusd(c##r##_1, ab, w1);            \
+    if constexpr (NB > 2) c##r##_2 = dpbusd(c##r##_2, ab, w2);            \
+  }
+#define TS_INT8_VNNI_STORE(r)                                                    \
+  if constexpr (MR > r) {                                                        \
+    _mm512_storeu_si512(acc + r * ldacc, _mm512_sub_epi32(c##r##_0, k0));        \
+    if constexpr (NB > 1)                                                        \
+      _mm512_storeu_si512(acc + r * ldacc + 16, _mm512_sub_epi32(c##r##_1, k1)); \
+    if constexpr (NB > 2)                                                        \
+      _mm512_storeu_si512(acc + r * ldacc + 32, _mm512_sub_epi32(c##r##_2, k2)); \
+  }
+
+/// acc[r][b * 16 .. b * 16 + 16) for MR <= 8 rows of `a` (q xor 0x80, u8) and NB <= 3 panels.
+template <int MR, int NB>
+void vnni_block(const int8_t* a, int64_t lda, const int8_t* panel, int64_t panel_stride,
+                const int32_t* comp, int64_t groups, int32_t* acc, int64_t ldacc) {
+  const __m512i z = _mm512_setzero_si512();
+  __m512i c0_0 = z, c0_1 = z, c0_2 = z, c1_0 = z, c1_1 = z, c1_2 = z, c2_0 = z, c2_1 = z;
+  __m512i c2_2 = z, c3_0 = z, c3_1 = z, c3_2 = z, c4_0 = z, c4_1 = z, c4_2 = z, c5_0 = z;
+  __m512i c5_1 = z, c5_2 = z, c6_0 = z, c6_1 = z, c6_2 = z, c7_0 = z, c7_1 = z, c7_2 = z;
+  const int8_t* p1 = panel + panel_stride;
+  const int8_t* p2 = panel + 2 * panel_stride;
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    const __m512i w0 = _mm512_loadu_si512(panel + gi * 64);
+    const __m512i w1 = NB > 1 ? _mm512_loadu_si512(p1 + gi * 64) : z;
+    const __m512i w2 = NB > 2 ? _mm512_loadu_si512(p2 + gi * 64) : z;
+    TS_INT8_VNNI_ROW(0)
+    TS_INT8_VNNI_ROW(1)
+    TS_INT8_VNNI_ROW(2)
+    TS_INT8_VNNI_ROW(3)
+    TS_INT8_VNNI_ROW(4)
+    TS_INT8_VNNI_ROW(5)
+    TS_INT8_VNNI_ROW(6)
+    TS_INT8_VNNI_ROW(7)
+  }
+  const __m512i k0 = _mm512_loadu_si512(comp);
+  const __m512i k1 = NB > 1 ? _mm512_loadu_si512(comp + 16) : z;
+  const __m512i k2 = NB > 2 ? _mm512_loadu_si512(comp + 32) : z;
+  TS_INT8_VNNI_STORE(0)
+  TS_INT8_VNNI_STORE(1)
+  TS_INT8_VNNI_STORE(2)
+  TS_INT8_VNNI_STORE(3)
+  TS_INT8_VNNI_STORE(4)
+  TS_INT8_VNNI_STORE(5)
+  TS_INT8_VNNI_STORE(6)
+  TS_INT8_VNNI_STORE(7)
+}
+#undef TS_INT8_VNNI_ROW
+#undef TS_INT8_VNNI_STORE
+
 template <int MR>
-void vnni_rows(const Int8GemmArgs& g, const uint8_t* au, int64_t m, int64_t n, int64_t n1,
+void vnni_rows(const Int8GemmArgs& g, const int8_t* au, int64_t m, int64_t n, int64_t n1,
                int32_t* acc, int64_t ldacc) {
   const int64_t groups = g.k_pad / 4;
   const int64_t stride = kInt8PanelN * g.k_pad;
@@ -309,7 +460,7 @@ void vnni_rows(const Int8GemmArgs& g, const uint8_t* au, int64_t m, int64_t n, i
 /// Rows [m0, m1) x columns [n0, n1) with the VNNI microkernels (MR = 8 rows x 3 panels); the
 /// rows hold q xor 0x80 (quantize_rows<V, true>).
 inline void gemm_vnni(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  const uint8_t* au = reinterpret_cast<const uint8_t*>(g.a);
+  const int8_t* au = g.a;
   constexpr int MR = 8;
   constexpr int64_t NC = 3 * kInt8PanelN;
   int32_t acc[MR * NC];
@@ -329,7 +480,8 @@ inline void gemm_vnni(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0,
 
 #endif
 
-// ---- amx: tdpbusd on 32 x 32 blocks (u8 rows like VNNI, minus the same compensation) -------------------------------------------------------------
+// ---- amx: tdpbusd on 32 x 32 blocks (u8 rows like VNNI, minus the same compensation)
+// -------------------------------------------------------------
 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__)
 struct alignas(64) TileConfig {
@@ -375,6 +527,43 @@ void amx_block(const int8_t* a, int64_t lda, const int8_t* panel, int64_t panel_
   if constexpr (MT == 2 && NT == 2) _tile_stored(3, acc + 16 * 32 + 16, 128);
 }
 
+/// The epilogue of a full 32-column block (acc: rows x 32 int32, row stride 32): the column
+/// vectors (w_scale, bias, comp) are loaded once for all rows. The same fp32 operations, in the
+/// same order, as epilogue_row.
+template <typename T>
+void epilogue_block32(const Int8GemmArgs& g, int64_t m, int64_t rows, int64_t n, const int32_t* acc,
+                      const int32_t* comp) {
+  using V = EpiVec;
+  static_assert(V::kWidth == 16, "the amx unit's epilogue vectors are 16 floats");
+  const V ws0 = V::load(g.w_scale + n), ws1 = V::load(g.w_scale + n + 16);
+  const V zero(0.f);
+  V b0 = zero, b1 = zero;
+  if (g.bias) {
+    b0 = V::load(g.bias + n);
+    b1 = V::load(g.bias + n + 16);
+  }
+  const __m512i k0 = _mm512_loadu_si512(comp), k1 = _mm512_loadu_si512(comp + 16);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* a = acc + r * 32;
+    const V as(g.a_scale[m + r]);
+    V y0(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(a), k0)));
+    V y1(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(a + 16), k1)));
+    y0 = y0 * (as * ws0);
+    y1 = y1 * (as * ws1);
+    if (g.bias) {
+      y0 = y0 + b0;
+      y1 = y1 + b1;
+    }
+    if (g.relu) {
+      y0 = max(zero, y0);
+      y1 = max(zero, y1);
+    }
+    T* out = static_cast<T*>(g.out) + (m + r) * g.ldo + n;
+    y0.store(out);
+    y1.store(out + 16);
+  }
+}
+
 inline void gemm_amx(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   if (m1 <= m0) return;
   const int64_t full = m0 + (m1 - m0) / 16 * 16;  // rows the tiles take
@@ -398,10 +587,18 @@ inline void gemm_amx(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, 
               : amx_block<1, 1>(a, g.lda, panel, stride, chunks, acc);
         }
         const int32_t* comp = packed_comp(g) + n;
-        for (int64_t r = 0; r < rows; ++r) {
-          int32_t* row = acc + r * 32;
-          for (int j = 0; j < 32; ++j) row[j] -= comp[j];  // comp[n_pad) covers both panels
-          epilogue_row(g, m + r, n, cnt, row);
+        if (cnt == 32 && g.out_dtype == DType::kFloat) {
+          epilogue_block32<float>(g, m, rows, n, acc, comp);
+        } else if (cnt == 32 && g.out_dtype == DType::kBFloat16) {
+          epilogue_block32<bf16>(g, m, rows, n, acc, comp);
+        } else if (cnt == 32 && g.out_dtype == DType::kHalf) {
+          epilogue_block32<fp16>(g, m, rows, n, acc, comp);
+        } else {
+          for (int64_t r = 0; r < rows; ++r) {
+            int32_t* row = acc + r * 32;
+            for (int j = 0; j < 32; ++j) row[j] -= comp[j];  // comp[n_pad) covers both panels
+            epilogue_row(g, m + r, n, cnt, row);
+          }
         }
         m += rows;
       }
@@ -419,6 +616,8 @@ constexpr Int8LinearKernels int8_linear_kernels() {
 #elif defined(__AVX512VNNI__) && defined(__AVX512F__)
   return {Int8Path::kAvx512Vnni, "avx512_vnni", &quantize_rows<EpiVec, true>, &pack_weight,
           &gemm_vnni};
+#elif defined(__AVX512BW__)
+  return {Int8Path::kAvx512, "avx512", &quantize_rows<EpiVec>, &pack_weight, &gemm_avx512bw};
 #elif defined(__AVX2__)
   return {Int8Path::kAvx2, "avx2", &quantize_rows<EpiVec>, &pack_weight, &gemm_avx2};
 #else

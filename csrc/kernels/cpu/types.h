@@ -88,7 +88,7 @@ using FakeQuantizeBackwardFn = bool (*)(DType dtype, const void* grad, const uin
 // ---- Quant: the int8 Linear (int8_gemm.h) -------------------------------------------------------
 
 /// The int8 GEMM's kernel paths; a CpuKernelTable names the one it runs (its int8_linear.path).
-enum class Int8Path : int32_t { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3 };
+enum class Int8Path : int32_t { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3, kAvx512 = 4 };
 
 /// The packed weight's layout, shared by every path: N padded to panels of kInt8PanelN output
 /// channels, K padded to kInt8KAlign (zeros); panel p holds, for each group g of 4 consecutive k,
@@ -144,7 +144,7 @@ using Int8GemmFn = void (*)(const Int8GemmArgs& args, int64_t m0, int64_t m1, in
 /// One path's int8 Linear kernels.
 struct Int8LinearKernels {
   Int8Path path;
-  const char* name;  // "scalar", "avx2", "avx512_vnni", "amx"
+  const char* name;  // "scalar", "avx2", "avx512", "avx512_vnni", "amx"
   QuantizeRowsInt8Fn quantize_rows;
   Int8PackWeightFn pack_weight;
   Int8GemmFn gemm;

@@ -26,6 +26,8 @@ const char* path_name(int32_t path) {
       return "scalar";
     case kc::Int8Path::kAvx2:
       return "avx2";
+    case kc::Int8Path::kAvx512:
+      return "avx512";
     case kc::Int8Path::kAvx512Vnni:
       return "avx512_vnni";
     case kc::Int8Path::kAmx:
@@ -41,11 +43,12 @@ at::Tensor int8_pack_weight_cpu(const Int8PackWeightArgs& a) {
   const int64_t n = a.w.size(0), k = a.w.size(1);
   const int8_t* w = a.w.data_ptr<int8_t>();
   for (int64_t i = 0; i < n * k; ++i) {
-    TORCH_CHECK(w[i] != -128, "torchspeed.", op, ": w must be in [-127, 127] (symmetric), got -128 at [",
-                i / k, ", ", i % k, "]");
+    TORCH_CHECK(w[i] != -128, "torchspeed.", op,
+                ": w must be in [-127, 127] (symmetric), got -128 at [", i / k, ", ", i % k, "]");
   }
   const int64_t n_pad = round_up(n, kc::kInt8PanelN), k_pad = round_up(k, kc::kInt8KAlign);
-  at::Tensor out = at::empty({int8_packed_bytes(n, k).expect_int()}, a.w.options().dtype(at::kByte));
+  at::Tensor out =
+      at::empty({int8_packed_bytes(n, k).expect_int()}, a.w.options().dtype(at::kByte));
   kc::Int8PackedHeader h{};
   h.magic = kc::kInt8PackedMagic;
   h.version = kc::kInt8PackedVersion;

@@ -38,10 +38,10 @@ at::Tensor int8_linear_cuda(const Int8LinearArgs& a) {
               ": CUDA launch failed (row quantization): ", cudaGetErrorString(err));
   err = kc::int8_linear(q.data_ptr<int8_t>(), x_scale.data_ptr<float>(),
                         a.packed_w.data_ptr<int8_t>(), a.w_scale.data_ptr<float>(),
-                        a.bias ? a.bias->data_ptr<float>() : nullptr, a.relu, dtype,
-                        out.data_ptr(), m, n, k, stream);
-  TORCH_CHECK(err == cudaSuccess, "torchspeed.", op, ": CUDA launch failed (int8 GEMM): ",
-              cudaGetErrorString(err));
+                        a.bias ? a.bias->data_ptr<float>() : nullptr, a.relu, dtype, out.data_ptr(),
+                        m, n, k, stream);
+  TORCH_CHECK(err == cudaSuccess, "torchspeed.", op,
+              ": CUDA launch failed (int8 GEMM): ", cudaGetErrorString(err));
   return out;
 }
 

@@ -39,11 +39,11 @@ TORCHSPEED_OP_ARGS(DequantizeInt8Args, "dequantize_int8", at::Tensor,
 TORCHSPEED_OP_ARGS(Int8PackWeightArgs, "int8_pack_weight", at::Tensor,
                    TORCHSPEED_INT8_PACK_WEIGHT_ARGS);
 
-#define TORCHSPEED_INT8_LINEAR_ARGS(X)                \
-  X(at::Tensor, x, {})                                \
-  X(at::Tensor, packed_w, {})                         \
-  X(at::Tensor, w_scale, {})                          \
-  X(std::optional<at::Tensor>, bias, std::nullopt)    \
+#define TORCHSPEED_INT8_LINEAR_ARGS(X)             \
+  X(at::Tensor, x, {})                             \
+  X(at::Tensor, packed_w, {})                      \
+  X(at::Tensor, w_scale, {})                       \
+  X(std::optional<at::Tensor>, bias, std::nullopt) \
   X(bool, relu, false)
 TORCHSPEED_OP_ARGS(Int8LinearArgs, "int8_linear", at::Tensor, TORCHSPEED_INT8_LINEAR_ARGS);
 
@@ -74,8 +74,8 @@ TORCHSPEED_API at::Tensor dequantize_int8(
     const at::Tensor& q, const at::Tensor& scale,
     const std::optional<at::Tensor>& zero_point = std::nullopt);
 
-/// The int8 Linear's CPU kernel path now ("scalar", "avx2", "avx512_vnni", "amx"), honouring
-/// TORCHSPEED_CPU_ISA (whose avx512 level runs the exact avx2 kernel: AVX-512 has no vpsignb).
+/// The int8 Linear's CPU kernel path now ("scalar", "avx2", "avx512", "avx512_vnni", "amx"),
+/// honouring TORCHSPEED_CPU_ISA.
 TORCHSPEED_API std::string cpu_int8_path();
 /// Why this process cannot run the amx path ("" when it can): the CPU, the build, or the OS
 /// refusing the AMX tile permission (then the best path is avx512_vnni).

@@ -7,7 +7,7 @@ exact int32 accumulation and a fused fp32 epilogue (scales, bias, optional ReLU)
         y = qmodel(x)                                          # x float32 / bfloat16 / float16
 
 On CPU the weight is packed once for the int8 kernel path the CPU takes (``int8_path()``: scalar,
-avx2, avx512_vnni or amx; ``TORCHSPEED_CPU_ISA`` forces one) and the packed buffer is cached on the
+avx2, avx512, avx512_vnni or amx; ``TORCHSPEED_CPU_ISA`` forces one) and the packed buffer is cached on the
 module (rebuilt after a load, a device move or a path change); the state_dict holds the plain
 int8 [N, K] weight, its float32 scale and the float32 bias, so it is portable across machines.
 On CUDA the kernels take the plain weight. Inference only: no gradient flows through the layer
@@ -37,7 +37,8 @@ def _op(name: str):
 
 
 def int8_path() -> str:
-    """The int8 Linear's CPU kernel path now: "scalar", "avx2", "avx512_vnni" or "amx"."""
+    """The int8 Linear's CPU kernel path now: "scalar", "avx2", "avx512", "avx512_vnni" or
+    "amx"."""
     from torchspeed import _C
 
     return _C.cpu_int8_path()
@@ -103,7 +104,7 @@ class Int8Linear(nn.Module):
         self._packed = None  # (key, packed uint8 buffer), not in the state_dict
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, relu: bool = False) -> "Int8Linear":
+    def from_float(cls, linear: nn.Linear, relu: bool = False) -> Int8Linear:
         """Quantizes ``linear``'s weight per output channel; the bias stays float32."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(
@@ -111,9 +112,7 @@ class Int8Linear(nn.Module):
                 f"{type(linear).__name__}"
             )
         w = linear.weight
-        m = cls(
-            linear.in_features, linear.out_features, linear.bias is not None, relu, w.device
-        )
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None, relu, w.device)
         q, scale = quantize_weight(w)
         with torch.no_grad():
             m.weight.copy_(q)
@@ -151,7 +150,13 @@ class Int8Linear(nn.Module):
 
     def _apply(self, fn, *args, **kwargs):
         self._packed = None  # a device move (or any buffer transform) repacks at the next call
-        return super()._apply(fn, *args, **kwargs)
+        out = super()._apply(fn, *args, **kwargs)
+        # model.half() / .to(torch.bfloat16) casts float buffers; the kernels take fp32 scales
+        # and bias (x and the output follow the input's dtype instead).
+        self.weight_scale = self.weight_scale.float()
+        if self.bias is not None:
+            self.bias = self.bias.float()
+        return out
 
     def _load_from_state_dict(self, *args, **kwargs):
         self._packed = None

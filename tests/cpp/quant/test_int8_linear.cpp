@@ -96,12 +96,14 @@ TEST_CASE("int8_linear rejects a buffer packed for another path, and bad shapes"
   }
   if (levels.size() > 1) {
     ForceIsa force(levels.back());
-    REQUIRE(error_of([&] { torchspeed::int8_linear(x, packed, s); })
-                .find("packed for the int8 path 'scalar'") != std::string::npos);
+    REQUIRE(error_of([&] {
+              torchspeed::int8_linear(x, packed, s);
+            }).find("packed for the int8 path 'scalar'") != std::string::npos);
   }
   ForceIsa force("scalar");
-  REQUIRE(error_of([&] { torchspeed::int8_linear(torch::randn({2, 100}), packed, s); })
-              .find("int8_pack_weight's result for N = 8") != std::string::npos);
+  REQUIRE(error_of([&] {
+            torchspeed::int8_linear(torch::randn({2, 100}), packed, s);
+          }).find("int8_pack_weight's result for N = 8") != std::string::npos);
 }
 
 TEST_CASE("torchspeed::quant::Int8Linear matches the reference and round-trips its state") {
