@@ -451,3 +451,41 @@ def test_amx_refused_falls_back_to_vnni():
     x = torch.randn(40, 64)
     w = torch.randint(-127, 128, (20, 64), dtype=torch.int8)
     assert_bitwise(y, reference(x, w, torch.ones(20))[0])
+
+
+def test_adversarial_module_cases():
+    """Defects an adversarial run found: each now gets a correct result or a clear error."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 40)
+    # A weight edited through .data (no version bump) is picked up after repack().
+    m = quant.Int8Linear.from_float(nn.Linear(40, 24))
+    with torch.no_grad():
+        m(x)
+        m.weight.data.zero_()
+        m.repack()
+        torch.testing.assert_close(m(x), m.bias.expand(5, 24), rtol=0, atol=0)
+    # A Linear registered twice is converted in both places, to one module.
+    lin = nn.Linear(8, 8)
+    q = quant.quantize_dynamic(nn.Sequential(lin, lin))
+    assert isinstance(q[0], quant.Int8Linear) and q[0] is q[1]
+    # A string names one module (not its characters).
+    net = nn.Sequential()
+    net.add_module("body", nn.Linear(8, 8))
+    net.add_module("head", nn.Linear(8, 2))
+    q = quant.quantize_dynamic(net, modules_to_not_convert="head")
+    assert isinstance(q.body, quant.Int8Linear) and type(q.head) is nn.Linear
+    q = quant.quantize_dynamic(net, qconfig_spec="head")
+    assert type(q.body) is nn.Linear and isinstance(q.head, quant.Int8Linear)
+    # Empty layers are refused at conversion, naming the size.
+    for shape in ((0, 4), (4, 0)):
+        with pytest.raises(ValueError, match="features must be >= 1"):
+            quant.Int8Linear.from_float(nn.Linear(*shape))
+
+
+def test_torch_compile_fullgraph():
+    m = quant.Int8Linear.from_float(nn.Linear(40, 24))
+    x = torch.randn(3, 40)
+    with torch.no_grad():
+        want = m(x)
+        got = torch.compile(m, fullgraph=True, backend="eager")(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

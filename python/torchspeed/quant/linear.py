@@ -86,6 +86,13 @@ class Int8Linear(nn.Module):
         device=None,
     ) -> None:
         super().__init__()
+        for name, v in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(
+                    f"torchspeed.quant.Int8Linear: {name} must be an int, got {type(v).__name__}"
+                )
+            if v < 1:
+                raise ValueError(f"torchspeed.quant.Int8Linear: {name} must be >= 1, got {v}")
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.relu = bool(relu)
@@ -128,10 +135,24 @@ class Int8Linear(nn.Module):
         w = self.weight
         if w.device.type != "cpu":
             return w.contiguous()
+        if torch.compiler.is_compiling():
+            # Traced: the packed buffer is a constant of the graph (packed here if not yet); a
+            # later path change is caught by the op's header check, which names the fix.
+            if self._packed is None:
+                return int8_pack_weight(w.contiguous())
+            return self._packed[1]
         key = (int8_path(), w.data_ptr(), w._version, tuple(w.shape))
         if self._packed is None or self._packed[0] != key:
             self._packed = (key, int8_pack_weight(w.contiguous()))
         return self._packed[1]
+
+    def repack(self) -> None:
+        """Packs the weight again now. Needed only after an edit that autograd's version counter
+        does not see (through ``weight.data``); in-place ops, ``load_state_dict``, ``.to()`` and a
+        path change (``TORCHSPEED_CPU_ISA``) are detected by themselves."""
+        self._packed = None
+        if self.weight.device.type == "cpu":
+            self._packed_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.requires_grad and torch.is_grad_enabled():
@@ -193,6 +214,10 @@ def quantize_dynamic(
             f"torchspeed.quant.quantize_dynamic: only dtype=torch.qint8 is supported, got {dtype}"
         )
     names = None
+    if isinstance(qconfig_spec, str):
+        qconfig_spec = [qconfig_spec]
+    if isinstance(modules_to_not_convert, str):
+        modules_to_not_convert = [modules_to_not_convert]
     if qconfig_spec is not None:
         spec = list(qconfig_spec)
         for s in spec:
@@ -219,14 +244,20 @@ def quantize_dynamic(
             "Int8Linear.from_float(model)"
         )
     targets = []
-    for name, module in model.named_modules():
+    # Every place a module is registered (a Linear shared by two parents is converted in both,
+    # to one shared Int8Linear, as torch.ao does).
+    for name, module in model.named_modules(remove_duplicate=False):
         if type(module) is not nn.Linear or not name or _matches(name, skip):
             continue
         if names is not None and not _matches(name, names):
             continue
         targets.append(name)
+    converted = {}
     for name in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Int8Linear.from_float(getattr(parent, child)))
+        linear = getattr(parent, child)
+        if id(linear) not in converted:
+            converted[id(linear)] = Int8Linear.from_float(linear)
+        setattr(parent, child, converted[id(linear)])
     return model
