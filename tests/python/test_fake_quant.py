@@ -574,3 +574,24 @@ def test_fake_quantize_refuses_bad_x_before_observing():
     with pytest.raises(ValueError, match="x must be a non-empty tensor"):
         fq(torch.randn(0, 16))
     _same_state(fq, before)
+
+
+def test_fake_quantize_non_finite_and_half_on_every_device(device):
+    """The NaN refusal (one host sync on CUDA) and the .half() cast on the device under test."""
+    x = torch.randn(8, 64, device=device)
+    fq = FakeQuantize(MovingAverageMinMaxObserver, granularity="per_group", group_size=16)
+    fq = fq.to(device).half()
+    ref = FakeQuantize(MovingAverageMinMaxObserver, granularity="per_group", group_size=16)
+    ref = ref.to(device)
+    same_bits(fq(x.half()), ref(x.half()))
+    before = _state(fq)
+    dirty = x.half()
+    dirty[2, 7] = float("nan")
+    with pytest.raises(ValueError, match="x must be finite"):
+        fq(dirty)
+    _same_state(fq, before)
+    x2 = (x * 3).half()
+    same_bits(fq(x2), ref(x2))
+    assert fq.scale.dtype == torch.float32 and fq.scale.device.type == torch.device(device).type
+    with pytest.raises(ValueError, match="x must be finite"):
+        choose_qparams(dirty)
