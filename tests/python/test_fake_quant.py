@@ -3,7 +3,8 @@ torch.fake_quantize_per_{tensor,channel}_affine(_cachemask) on float32 (every CP
 same formula on x.float() for bf16/fp16, per group against a torch reference, the straight-through
 gradient exactly grad * mask (and equal to torch's autograd), opcheck, torch.compile, bad input,
 the observers against torch.ao's, and the FakeQuantize module in a small QAT loop (fp32 and bf16
-autocast)."""
+autocast); adversarial input: NaN/inf batches (refused, module unchanged), module dtype casts,
+torch.ao observers and bad constructor arguments (refused by name)."""
 
 from __future__ import annotations
 
@@ -408,3 +409,189 @@ def test_qat_loop_trains(autocast):
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < 0.5 * losses[0], losses[::10]
+
+
+# ---- adversarial input: non-finite batches, dtype casts, foreign observers, bad arguments ------
+
+
+def _state(module):
+    return {k: v.clone() for k, v in module.state_dict().items()}
+
+
+def _same_state(module, state):
+    now = module.state_dict()
+    assert now.keys() == state.keys()
+    for k, v in state.items():
+        assert now[k].dtype == v.dtype, k
+        same_bits(now[k], v)
+
+
+OBSERVERS = [MinMaxObserver, MovingAverageMinMaxObserver, PercentileObserver]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("granularity", ["per_tensor", "per_channel", "per_group"])
+@pytest.mark.parametrize("cls", OBSERVERS, ids=lambda c: c.__name__)
+def test_non_finite_batch_is_refused_and_recorded_nowhere(cls, granularity, bad):
+    kw = dict(granularity=granularity, symmetric=False, group_size=16)
+    x = torch.randn(8, 32)
+    dirty = x.clone()
+    dirty[3, 5] = bad
+    # observers: refused before recording, on the first batch and later ones
+    obs = cls(**kw)
+    with pytest.raises(ValueError, match=f"{cls.__name__}: x must be finite"):
+        obs(dirty)
+    assert obs.min_val.numel() == 0
+    obs(x)
+    before = _state(obs)
+    with pytest.raises(ValueError, match="x must be finite"):
+        obs(dirty)
+    _same_state(obs, before)
+    # FakeQuantize: unchanged after the error, and the next clean batch gives the clean result
+    fq = FakeQuantize(cls, **kw)
+    clean = FakeQuantize(cls, **kw)
+    same_bits(fq(x), clean(x))
+    before = _state(fq)
+    with pytest.raises(ValueError, match="x must be finite"):
+        fq(dirty)
+    _same_state(fq, before)
+    x2 = torch.randn(8, 32) * 3
+    same_bits(fq(x2), clean(x2))
+    same_bits(fq.scale, clean.scale)
+    # choose_qparams
+    with pytest.raises(ValueError, match="choose_qparams: x must be finite"):
+        choose_qparams(dirty, granularity, group_size=16)
+
+
+def test_qparams_from_minmax_refuses_non_finite_and_survives_a_huge_range():
+    from torchspeed.quant import qparams_from_minmax
+
+    with pytest.raises(ValueError, match="min_val must be finite"):
+        qparams_from_minmax(torch.tensor([float("nan")]), torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="max_val must be finite"):
+        qparams_from_minmax(torch.tensor([-1.0]), torch.tensor([float("inf")]), False)
+    with pytest.raises(ValueError, match="one shape"):
+        qparams_from_minmax(torch.zeros(2), torch.zeros(3))
+    # max - min overflows float32: the scale stays finite, the range still maps onto [-128, 127]
+    big = 3.0e38
+    x = torch.tensor([[-big, big]])
+    for s_ in (True, False):
+        scale, zp = choose_qparams(x, symmetric=s_)
+        assert torch.isfinite(scale).all()
+        want = torch.tensor([big / 127.0 if s_ else 2 * big / 255.0], dtype=torch.float64)
+        torch.testing.assert_close(scale.double(), want, rtol=1e-6, atol=0)
+    # an observer whose combined range overflows refuses the batch and keeps its record
+    obs = MovingAverageMinMaxObserver(averaging_constant=1.0)
+    obs(torch.tensor([big]))
+    before = _state(obs)
+    with pytest.raises(ValueError, match="overflows float32"):
+        obs(torch.tensor([-big]))
+    _same_state(obs, before)
+
+
+@pytest.mark.parametrize("cast", ["half", "bfloat16", "double", "type"])
+@pytest.mark.parametrize("cls", OBSERVERS, ids=lambda c: c.__name__)
+def test_module_dtype_casts_keep_the_qparams_dtypes(cls, cast):
+    x = torch.randn(8, 32) * 2
+    ref = FakeQuantize(cls, granularity="per_channel", symmetric=False)
+    fq = FakeQuantize(cls, granularity="per_channel", symmetric=False)
+    ref(x), fq(x)  # a recorded range before the cast: it must survive bit for bit
+    dtype = {
+        "half": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "double": torch.float64,
+        "type": torch.float16,
+    }[cast]
+    if cast == "half":
+        fq.half()
+    elif cast == "type":
+        fq.type(torch.float16)  # casts integer buffers too
+    else:
+        fq.to(dtype)
+    assert fq.scale.dtype == torch.float32 and fq.zero_point.dtype == torch.int32
+    assert fq.fake_quant_enabled.dtype == torch.uint8
+    obs = fq.activation_post_process
+    assert obs.min_val.dtype == torch.float32 and obs.max_val.dtype == torch.float32
+    same_bits(fq.scale, ref.scale)
+    same_bits(obs.min_val, ref.activation_post_process.min_val)
+    xin = x.to(dtype) if dtype != torch.float64 else x
+    x2 = (torch.randn(8, 32) * 3).to(xin.dtype)
+    same_bits(fq(x2), ref(x2))  # fp32 qparams, the same result
+    same_bits(fq.scale, ref.scale)
+    obs.reset_min_max_vals()
+    assert obs.min_val.dtype == torch.float32
+
+
+def test_torch_ao_observers_and_bad_constructor_args_are_refused_by_name():
+    ao = _torch_ao()
+    with pytest.raises(TypeError, match="observer must be a torchspeed.quant observer.*MinMax"):
+        FakeQuantize(ao.MinMaxObserver)
+    with pytest.raises(TypeError, match="observer must be a torchspeed.quant observer"):
+        FakeQuantize(ao.MinMaxObserver())
+    with pytest.raises(TypeError, match="observer must be a torchspeed.quant observer"):
+        FakeQuantize(ao.MinMaxObserver.with_args(dtype=torch.qint8))
+    with pytest.raises(TypeError, match="observer must be"):
+        FakeQuantize(torch.nn.Identity)
+    with pytest.raises(ValueError, match="observer_kwargs apply to an observer class"):
+        FakeQuantize(MinMaxObserver(), symmetric=False)
+    bad = [
+        (MinMaxObserver, dict(granularity="per_row"), "granularity must be one of"),
+        (MinMaxObserver, dict(granularity=None), "granularity must be one of"),
+        (MinMaxObserver, dict(group_size=0), "group_size must be a positive int"),
+        (MinMaxObserver, dict(group_size=16.0), "group_size must be a positive int"),
+        (MinMaxObserver, dict(group_size=True), "group_size must be a positive int"),
+        (MinMaxObserver, dict(symmetric="no"), "symmetric must be a bool"),
+        (MinMaxObserver, dict(eps=0.0), "eps must be finite and > 0"),
+        (MinMaxObserver, dict(eps=True), "eps must be finite and > 0"),
+        (MinMaxObserver, dict(qscheme=[1]), "qscheme must be one of"),
+        (MinMaxObserver, dict(qscheme=torch.per_channel_affine_float_qparams), "qscheme must"),
+        (MinMaxObserver, dict(dtype=torch.quint8), "dtype must be torch.qint8"),
+        (MovingAverageMinMaxObserver, dict(averaging_constant=0), "averaging_constant must"),
+        (MovingAverageMinMaxObserver, dict(averaging_constant=1.5), "averaging_constant must"),
+        (MovingAverageMinMaxObserver, dict(averaging_constant=True), "averaging_constant must"),
+        (MovingAverageMinMaxObserver, dict(averaging_constant=float("nan")), "averaging_const"),
+        (PercentileObserver, dict(percentile=float("nan")), "percentile must be in"),
+        (PercentileObserver, dict(percentile=100.5), "percentile must be in"),
+        (PercentileObserver, dict(percentile="99"), "percentile must be in"),
+    ]
+    for cls, kw, match in bad:
+        with pytest.raises(ValueError, match=f"{cls.__name__}: {match}"):
+            cls(**kw)
+        with pytest.raises(ValueError, match=match):
+            FakeQuantize(cls, **kw)
+
+
+def test_fake_quantize_refuses_bad_x_before_observing():
+    fq = FakeQuantize(MinMaxObserver, granularity="per_channel")
+    fq(torch.randn(4, 16))
+    before = _state(fq)
+    with pytest.raises(ValueError, match="x must be float32, bfloat16 or float16"):
+        fq(torch.randn(4, 16, dtype=torch.float64) * 100)
+    with pytest.raises(ValueError, match="x gives ranges of shape"):
+        fq(torch.randn(5, 16) * 100)
+    with pytest.raises(ValueError, match="x must be a tensor"):
+        fq([1.0, 2.0])
+    with pytest.raises(ValueError, match="x must be a non-empty tensor"):
+        fq(torch.randn(0, 16))
+    _same_state(fq, before)
+
+
+def test_fake_quantize_non_finite_and_half_on_every_device(device):
+    """The NaN refusal (one host sync on CUDA) and the .half() cast on the device under test."""
+    x = torch.randn(8, 64, device=device)
+    fq = FakeQuantize(MovingAverageMinMaxObserver, granularity="per_group", group_size=16)
+    fq = fq.to(device).half()
+    ref = FakeQuantize(MovingAverageMinMaxObserver, granularity="per_group", group_size=16)
+    ref = ref.to(device)
+    same_bits(fq(x.half()), ref(x.half()))
+    before = _state(fq)
+    dirty = x.half()
+    dirty[2, 7] = float("nan")
+    with pytest.raises(ValueError, match="x must be finite"):
+        fq(dirty)
+    _same_state(fq, before)
+    x2 = (x * 3).half()
+    same_bits(fq(x2), ref(x2))
+    assert fq.scale.dtype == torch.float32 and fq.scale.device.type == torch.device(device).type
+    with pytest.raises(ValueError, match="x must be finite"):
+        choose_qparams(dirty)

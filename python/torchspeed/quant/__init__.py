@@ -65,7 +65,13 @@ def choose_qparams(
 
     symmetric: ``scale = max|x| / 127``, zero_point 0 (the range maps onto [-127, 127]).
     asymmetric: ``[min, max]`` (always including 0) maps onto [-128, 127] with a zero point.
-    ``per_group`` splits each row of x (viewed as [rows, cols]) into groups of ``group_size``."""
+    ``per_group`` splits each row of x (viewed as [rows, cols]) into groups of ``group_size``.
+    A NaN or inf in x raises ValueError (on CUDA that check synchronises once, on the reduced
+    ranges)."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(
+            f"torchspeed.quant.choose_qparams: x must be a tensor, got {type(x).__name__}"
+        )
     if granularity not in _GRANULARITIES:
         raise ValueError(
             f"torchspeed.quant.choose_qparams: granularity must be one of {_GRANULARITIES}, "
@@ -89,10 +95,21 @@ def choose_qparams(
                 f"last dim ({cols}), got {group_size!r}"
             )
         v = v.reshape(v.shape[0], cols // group_size, group_size)
-    scale, zp = qparams_from_minmax(v.amin(dim=-1), v.amax(dim=-1), symmetric, eps)
+    lo, hi = v.amin(dim=-1), v.amax(dim=-1)  # NaN and inf propagate into the ranges
+    if not _all_finite(lo, hi):
+        raise ValueError("torchspeed.quant.choose_qparams: x must be finite (has NaN or inf)")
+    scale, zp = qparams_from_minmax(lo, hi, symmetric, eps)
     if granularity == "per_tensor":
         scale, zp = scale.reshape(1), zp.reshape(1)
     return scale.contiguous(), zp.contiguous()
+
+
+def _all_finite(*ts: torch.Tensor) -> bool:
+    """True when every element of ts is finite: one host synchronisation on CUDA."""
+    ok = torch.isfinite(ts[0]).all()
+    for t in ts[1:]:
+        ok = ok & torch.isfinite(t).all()
+    return bool(ok)
 
 
 def qparams_from_minmax(
@@ -103,14 +120,34 @@ def qparams_from_minmax(
     symmetric ``scale = max(-min, max) / 127`` (zero_point 0), or asymmetric ``scale = (max - min)
     / 255``, ``zero_point = clamp(-128 - round(min / scale), -128, 127)``; scale >= eps. Equal to
     torch.ao's observers' ``_calculate_qparams`` for qint8 with quant range [-127, 127]
-    (symmetric) or [-128, 127] (affine)."""
+    (symmetric) or [-128, 127] (affine). A NaN or inf in min_val / max_val raises ValueError;
+    a finite range wider than float32's max (``max - min`` overflows) gets the finite scale
+    ``max / 255 - min / 255``."""
+    for name, t in (("min_val", min_val), ("max_val", max_val)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(
+                f"torchspeed.quant.qparams_from_minmax: {name} must be a tensor, "
+                f"got {type(t).__name__}"
+            )
+    if min_val.shape != max_val.shape:
+        raise ValueError(
+            "torchspeed.quant.qparams_from_minmax: min_val and max_val must have one shape, got "
+            f"{tuple(min_val.shape)} and {tuple(max_val.shape)}"
+        )
+    for name, t in (("min_val", min_val), ("max_val", max_val)):
+        if not _all_finite(t):
+            raise ValueError(
+                f"torchspeed.quant.qparams_from_minmax: {name} must be finite (has NaN or inf)"
+            )
     lo = torch.minimum(min_val.float(), torch.zeros((), device=min_val.device))
     hi = torch.maximum(max_val.float(), torch.zeros((), device=max_val.device))
     if symmetric:
         scale = (torch.maximum(-lo, hi) / 127.0).clamp_min(eps)
         zp = torch.zeros_like(scale, dtype=torch.int32)
     else:
-        scale = ((hi - lo) / 255.0).clamp_min(eps)
+        scale = (hi - lo) / 255.0
+        # hi - lo overflows past float32's max for |range| > 3.4e38: the same value, finite
+        scale = torch.where(torch.isfinite(scale), scale, hi / 255.0 - lo / 255.0).clamp_min(eps)
         zp = (-128 - torch.round(lo / scale)).clamp(-128, 127).to(torch.int32)
     return scale, zp
 

@@ -14,6 +14,11 @@ output channels: torch.ao's ``ch_axis=0`` for a 2-D weight), ``per_group`` one p
 ``group_size`` consecutive elements of a row. ``symmetric=True`` maps ``max(|min|, |max|)`` onto
 [-127, 127] with zero_point 0; ``symmetric=False`` maps [min, max] (always including 0) onto
 [-128, 127] with a zero point. The recorded ``min_val`` / ``max_val`` are buffers (state_dict).
+
+A batch with a NaN or inf raises ValueError naming x and records nothing (torch.ao's observers
+would record it and give a NaN/inf scale); on CUDA the check synchronises once per forward, on
+the reduced ranges, as torch.ao's ``calculate_qparams`` does. Module dtype casts (``.half()``,
+``.to(torch.bfloat16)``) leave the recorded ranges float32.
 """
 
 from __future__ import annotations
@@ -35,6 +40,24 @@ _QSCHEMES = {
 }
 
 
+def _apply_keeping_buffer_dtypes(module: nn.Module, fn, recurse: bool) -> nn.Module:
+    """``nn.Module._apply(fn)``, then every buffer of ``module`` that fn gave another dtype is
+    the original one moved to the new device instead (``.half()`` / ``.to(torch.bfloat16)`` /
+    ``.type(...)`` cast floating buffers: quantization state must keep its fp32 / integer dtype,
+    and casting it back would lose bits)."""
+    saved = dict(module._buffers)
+    nn.Module._apply(module, fn, recurse)
+    for name, old in saved.items():
+        new = module._buffers.get(name)
+        if old is not None and new is not None and new.dtype != old.dtype:
+            module._buffers[name] = old.to(device=new.device)
+    return module
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 class _Observer(nn.Module):
     """Shared state and qparams: subclasses implement ``_combine(min_now, max_now)``."""
 
@@ -50,28 +73,30 @@ class _Observer(nn.Module):
         super().__init__()
         name = type(self).__name__
         if qscheme is not None:
-            if qscheme not in _QSCHEMES:
+            if not isinstance(qscheme, torch.qscheme) or qscheme not in _QSCHEMES:
                 raise ValueError(
                     f"torchspeed.quant.{name}: qscheme must be one of "
                     f"{list(_QSCHEMES)}, got {qscheme!r}"
                 )
             granularity, symmetric = _QSCHEMES[qscheme]
-        if granularity not in _GRANULARITIES:
+        if not isinstance(granularity, str) or granularity not in _GRANULARITIES:
             raise ValueError(
                 f"torchspeed.quant.{name}: granularity must be one of {_GRANULARITIES}, "
                 f"got {granularity!r}"
+            )
+        if not isinstance(symmetric, bool):
+            raise ValueError(
+                f"torchspeed.quant.{name}: symmetric must be a bool, got {symmetric!r}"
             )
         if dtype not in (torch.qint8, torch.int8):
             raise ValueError(
                 f"torchspeed.quant.{name}: dtype must be torch.qint8 or torch.int8, got {dtype!r}"
             )
-        if granularity == "per_group" and (
-            isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
-        ):
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(
                 f"torchspeed.quant.{name}: group_size must be a positive int, got {group_size!r}"
             )
-        if not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
+        if not (_is_number(eps) and eps > 0 and math.isfinite(eps)):
             raise ValueError(f"torchspeed.quant.{name}: eps must be finite and > 0, got {eps!r}")
         self.granularity = granularity
         self.symmetric = bool(symmetric)
@@ -80,8 +105,11 @@ class _Observer(nn.Module):
         self.dtype = torch.qint8
         self.quant_min, self.quant_max = (-127, 127) if self.symmetric else (-128, 127)
         # Empty until the first forward: then shaped like the qparams ([1], [rows], [rows, groups]).
-        self.register_buffer("min_val", torch.tensor([]))
-        self.register_buffer("max_val", torch.tensor([]))
+        self.register_buffer("min_val", torch.tensor([], dtype=torch.float32))
+        self.register_buffer("max_val", torch.tensor([], dtype=torch.float32))
+
+    def _apply(self, fn, recurse=True):
+        return _apply_keeping_buffer_dtypes(self, fn, recurse)
 
     def _segments(self, x: torch.Tensor) -> torch.Tensor:
         """x as float32 [segments..., elements]: [1, n], [rows, cols] or [rows, groups, size]."""
@@ -106,8 +134,14 @@ class _Observer(nn.Module):
     def _ranges(self, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         return v.amin(dim=-1), v.amax(dim=-1)
 
+    def _finite(self, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """A 0-d bool tensor: True when v has no NaN or inf (amin / amax propagate both)."""
+        return torch.isfinite(lo).all() & torch.isfinite(hi).all()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lo, hi = self._ranges(self._segments(x))
+        v = self._segments(x)
+        lo, hi = self._ranges(v)
+        finite = self._finite(v, lo, hi)
         if self.granularity == "per_tensor":
             lo, hi = lo.reshape(1), hi.reshape(1)
         if self.min_val.numel() == 0:
@@ -119,6 +153,18 @@ class _Observer(nn.Module):
                     f"{tuple(lo.shape)}, but the observer recorded {tuple(self.min_val.shape)}"
                 )
             new_lo, new_hi = self._combine(lo, hi)
+        # one host synchronisation for both checks; nothing is recorded before it
+        ok = finite & torch.isfinite(new_lo).all() & torch.isfinite(new_hi).all()
+        if not bool(ok):
+            if not bool(finite):
+                raise ValueError(
+                    f"torchspeed.quant.{type(self).__name__}: x must be finite (has NaN or inf); "
+                    "nothing was recorded"
+                )
+            raise ValueError(
+                f"torchspeed.quant.{type(self).__name__}: x's range combined with the recorded "
+                "one overflows float32; nothing was recorded"
+            )
         self.min_val = new_lo.detach().clone()
         self.max_val = new_hi.detach().clone()
         return x
@@ -140,8 +186,8 @@ class _Observer(nn.Module):
         return scale.contiguous(), zp.contiguous()
 
     def reset_min_max_vals(self) -> None:
-        self.min_val = torch.tensor([], device=self.min_val.device)
-        self.max_val = torch.tensor([], device=self.max_val.device)
+        self.min_val = torch.tensor([], dtype=torch.float32, device=self.min_val.device)
+        self.max_val = torch.tensor([], dtype=torch.float32, device=self.max_val.device)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The buffers' shapes depend on the data seen: take the saved ones.
@@ -173,7 +219,7 @@ class MovingAverageMinMaxObserver(_Observer):
 
     def __init__(self, averaging_constant: float = 0.01, **kwargs) -> None:
         super().__init__(**kwargs)
-        if not (isinstance(averaging_constant, (int, float)) and 0 < averaging_constant <= 1):
+        if not (_is_number(averaging_constant) and 0 < averaging_constant <= 1):
             raise ValueError(
                 "torchspeed.quant.MovingAverageMinMaxObserver: averaging_constant must be in "
                 f"(0, 1], got {averaging_constant!r}"
@@ -194,7 +240,7 @@ class PercentileObserver(_Observer):
 
     def __init__(self, percentile: float = 99.99, **kwargs) -> None:
         super().__init__(**kwargs)
-        if not (isinstance(percentile, (int, float)) and 50 < percentile <= 100):
+        if not (_is_number(percentile) and 50 < percentile <= 100):
             raise ValueError(
                 "torchspeed.quant.PercentileObserver: percentile must be in (50, 100], got "
                 f"{percentile!r}"
@@ -209,9 +255,14 @@ class PercentileObserver(_Observer):
         lo = v.kthvalue(n + 1 - k_hi, dim=-1).values
         return lo, hi
 
+    def _finite(self, v, lo, hi):
+        # the order statistics may leave a NaN / inf outlier out: check every value
+        return torch.isfinite(v).all()
+
     def forward(self, x):
         out = super().forward(x)
-        self.num_batches += 1
+        # a new tensor, not in place: FakeQuantize restores the observer's buffers on an error
+        self.num_batches = self.num_batches + 1
         return out
 
     def _combine(self, lo, hi):
