@@ -3,6 +3,8 @@
 // dispatcher. Kernels: ops/cpu/prune_cpu.cpp, ops/cuda/prune_cuda.cpp, ops/meta/prune_meta.cpp.
 #include "torchspeed/ops/prune.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/GradMode.h>
 #include <torch/library.h>
 
 TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
@@ -47,3 +49,29 @@ at::Tensor magnitude_mask(const at::Tensor& w, int64_t amount) {
 }
 
 }  // namespace torchspeed
+
+namespace {
+
+// apply_mask_'s Autograd kernel. The op has no derivative; like torch's in-place ops it refuses a
+// tensor that requires grad (a leaf: "used in an in-place operation"; a non-leaf: its gradient
+// would silently ignore the mask) while grad mode is on, and bumps w's version counter, so a
+// backward through a graph that saved w raises "modified by an inplace operation".
+void apply_mask_autograd(const at::Tensor& w, const at::Tensor& packed) {
+  if (c10::GradMode::is_enabled() && w.requires_grad()) {
+    TORCH_CHECK(!w.is_leaf(),
+                "torchspeed.apply_mask_: w is a leaf Variable that requires grad and cannot be "
+                "used in an in-place operation; call it under torch.no_grad() or on w.detach()");
+    TORCH_CHECK(false,
+                "torchspeed.apply_mask_: w requires grad and apply_mask_ has no derivative; call "
+                "it under torch.no_grad() or on w.detach()");
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    torchspeed::apply_mask_(w, packed);
+  }
+  w.unsafeGetTensorImpl()->bump_version();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchspeed, Autograd, m) { m.impl("apply_mask_", apply_mask_autograd); }

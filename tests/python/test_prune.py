@@ -490,3 +490,171 @@ def test_optimizer_packing_without_the_prune_ops(numel):
     packed = _fused._pack_bits_torch(keep)
     assert torch.equal(packed, pack_mask(keep))
     assert torch.equal(_fused._unpack_bits_torch(packed, [numel]), keep)
+
+
+# ---- adversarial cases: NaN, atomicity, autograd, resume, GradualPruner nm, argument types -----
+def _state(model: nn.Module):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _assert_unchanged(model: nn.Module, before) -> None:
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    for k, v in before.items():
+        assert torch.equal(after[k], v), k
+
+
+def test_global_unstructured_counts_nan_as_largest():
+    lin = nn.Linear(4, 2)
+    with torch.no_grad():
+        lin.weight[0, :2] = float("nan")
+    prune.global_unstructured([(lin, "weight")], amount=7)
+    assert int((lin.weight == 0).sum()) == 7  # as l1_unstructured: the 6 finite and one NaN
+    ref = nn.Linear(4, 2)
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor([[float("nan"), float("nan"), 1.0, 2.0], [3, 4, 5, 6]]))
+    prune.global_unstructured([(ref, "weight")], amount=5)
+    keep = prune.get_mask(ref)
+    assert keep[0, :2].all() and int((~keep).sum()) == 5 and bool(keep[1, 3])
+
+
+def test_apply_nm_bad_layer_changes_nothing():
+    model = nn.Sequential(nn.Linear(16, 4), nn.Linear(6, 3))
+    before = _state(model)
+    with pytest.raises(RuntimeError, match="multiple of m = 4"):
+        prune.apply(model, "nm")
+    _assert_unchanged(model, before)
+    assert not prune.is_pruned(model)
+
+
+def test_bad_optimizer_changes_nothing():
+    lin = nn.Linear(8, 4)
+    before = _state(lin)
+    with pytest.raises(TypeError, match="optimizer"):
+        prune.l1_unstructured(lin, "weight", amount=0.5, optimizer="adam")
+    _assert_unchanged(lin, before)
+    other = torchspeed.optim.AdamW(nn.Linear(8, 4).parameters())
+    with pytest.raises(ValueError, match="optimizer does not hold"):
+        prune.nm_sparse(lin, "weight", optimizer=other)
+    _assert_unchanged(lin, before)
+    assert not prune.is_pruned(lin)
+
+
+@pytest.mark.parametrize("bad", ["short", "float"])
+def test_load_state_dict_bad_mask_changes_nothing(bad):
+    src = nn.Sequential(nn.Linear(32, 8))
+    prune.l1_unstructured(src[0], "weight", 0.5)
+    sd = src.state_dict()
+    if bad == "short":
+        sd["0.weight_mask_packed"] = torch.zeros(3, dtype=torch.uint8)
+    else:
+        sd["0.weight_mask_packed"] = sd["0.weight_mask_packed"].float()
+    fresh = nn.Sequential(nn.Linear(32, 8))
+    before = _state(fresh)
+    with pytest.raises(ValueError, match="weight_mask_packed"):
+        prune.load_state_dict(fresh, sd)
+    _assert_unchanged(fresh, before)
+    assert not prune.is_pruned(fresh)
+
+
+def test_apply_mask_respects_autograd():
+    a = torch.randn(16, requires_grad=True)
+    b = a * 1.0
+    c = (b * b).sum()
+    with pytest.raises(RuntimeError, match="requires grad"):
+        apply_mask_(b, torch.zeros(2, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        apply_mask_(a, torch.zeros(2, dtype=torch.uint8))
+    assert a._version == 0 and bool((a != 0).all())
+    with torch.no_grad():  # outside grad mode: allowed, and the version counter moves
+        apply_mask_(b, torch.zeros(2, dtype=torch.uint8))
+    assert b._version == 1 and bool((b == 0).all())
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        c.backward()
+    d = torch.randn(16)
+    apply_mask_(d, torch.zeros(2, dtype=torch.uint8))
+    assert d._version == 1
+
+
+@pytest.mark.parametrize("kind", ["fused", "torch"])
+def test_resume_keeps_masks_registered(kind):
+    def net():
+        torch.manual_seed(3)
+        return _mlp(3)
+
+    def make_opt(model):
+        if kind == "fused":
+            return torchspeed.optim.AdamW(model.parameters(), lr=1e-2)
+        return torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    x, y = torch.randn(16, 32), torch.randn(16, 4)
+
+    def train(model, opt, steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+    model = net()
+    opt = make_opt(model)
+    prune.apply(model, "l1_unstructured", 0.5, optimizer=opt)
+    train(model, opt, 2)
+    sd, osd = model.state_dict(), opt.state_dict()
+    expected = prune.sparsity(model)
+    fresh = net()
+    fopt = make_opt(fresh)
+    prune.load_state_dict(fresh, sd, optimizer=fopt)
+    fopt.load_state_dict(osd)
+    train(fresh, fopt, 3)
+    assert prune.sparsity(fresh) == expected
+    with pytest.raises(TypeError, match="optimizer"):
+        prune.load_state_dict(net(), sd, optimizer="adam")
+
+
+def test_gradual_nm_final_sparsity_and_n_m():
+    model = _mlp(6)
+    with pytest.raises(ValueError, match="final_sparsity"):
+        prune.GradualPruner(model, final_sparsity=0.0, method="nm")
+    with pytest.raises(ValueError, match="final_sparsity"):
+        prune.GradualPruner(model, final_sparsity=0.5, method="nm", n=1, m=8)
+    with pytest.raises(ValueError, match="m must be"):
+        prune.GradualPruner(model, method="nm", n=0, m=0)
+    with pytest.raises(TypeError, match="n must be an int"):
+        prune.GradualPruner(model, method="nm", n=2.5, m=4)
+    p = prune.GradualPruner(model, final_sparsity=0.5, method="nm", n=2, m=4, end_step=0)
+    assert p.step() == 0.5 and prune.sparsity(model)["total"] == 0.5
+
+
+def test_gradual_load_state_dict_step_count():
+    p = prune.GradualPruner(_mlp(6), final_sparsity=0.5)
+    with pytest.raises(ValueError, match="step_count"):
+        p.load_state_dict({"method": "unstructured"})
+    with pytest.raises(ValueError, match="step_count"):
+        p.load_state_dict({"step_count": -1})
+    p.load_state_dict({"step_count": 5})
+    assert p.step_count == 5
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+def test_nm_sparse_argument_checks():
+    empty = nn.Linear(8, 0)
+    prune.nm_sparse(empty, "weight")  # nothing to prune: a 0-byte mask
+    assert prune.get_mask(empty).shape == (0, 8)
+    lin = nn.Linear(8, 4)
+    before = _state(lin)
+    for bad in (2.5, True):
+        with pytest.raises(TypeError, match="n must be an int"):
+            prune.nm_sparse(lin, "weight", n=bad)
+    with pytest.raises(TypeError, match="m must be an int"):
+        prune.nm_sparse(lin, "weight", m=4.0)
+    _assert_unchanged(lin, before)
+
+
+def test_set_mask_rejects_non_tensor_and_foreign_param():
+    p = torch.randn(8)
+    opt = torchspeed.optim.SGD([p], lr=0.1)
+    with pytest.raises(TypeError, match="mask must be a torch.Tensor"):
+        opt.set_mask(p, [1] * 8)
+    with pytest.raises(ValueError, match="param must be one of"):
+        opt.set_mask(torch.randn(8), torch.ones(8, dtype=torch.bool))
+    assert not opt._masks

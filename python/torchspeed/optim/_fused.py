@@ -275,9 +275,24 @@ class FusedOptimizer(Optimizer):
         Pass None to remove it. Elements already nonzero where the mask is 0 become 0 at the next
         step (torchspeed.prune zeroes them when it registers the mask).
         """
+        if not isinstance(param, torch.Tensor) or not any(
+            param is q for g in self.param_groups for q in g["params"]
+        ):
+            raise ValueError(
+                "torchspeed.optim.set_mask: param must be one of this optimizer's parameters, got "
+                + (
+                    f"a tensor of shape {tuple(param.shape)}"
+                    if isinstance(param, torch.Tensor)
+                    else repr(type(param))
+                )
+            )
         if mask is None:
             self._masks.pop(param, None)
             return
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(
+                f"torchspeed.optim.set_mask: mask must be a torch.Tensor or None, got {type(mask)}"
+            )
         self._masks[param] = _packed_mask_for(mask, param)
 
     # ---- state ---------------------------------------------------------------------------------
@@ -362,7 +377,9 @@ class FusedOptimizer(Optimizer):
                 continue
             where = f"state_dict state[{index!r}]"
             converted[p] = {k: self._load_value(k, v, p, where) for k, v in saved.items()}
+        masks = self._masks  # torch's load_state_dict goes through __setstate__: keep the masks
         super().load_state_dict(state_dict)
+        self._masks = masks
         for p, values in converted.items():
             self.state[p].update(values)
 

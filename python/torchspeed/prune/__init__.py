@@ -23,6 +23,7 @@ earlier stay pruned. Masks are in the tensor's logical (row-major) order.
 
 from __future__ import annotations
 
+import math
 import numbers
 import weakref
 from typing import Dict, Iterable, List, Optional, Tuple, Union
@@ -103,16 +104,32 @@ def _logical(w: torch.Tensor) -> torch.Tensor:
     return w.detach().contiguous()
 
 
+def _check_optimizer(optimizer, params: Iterable[torch.Tensor]) -> None:
+    """Raise (before anything is changed) unless ``optimizer`` can take masks for ``params``."""
+    if optimizer is None:
+        return
+    if hasattr(optimizer, "set_mask"):  # torchspeed's fused optimizers
+        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        for p in params:
+            if id(p) not in held:
+                raise ValueError(
+                    "torchspeed.prune: optimizer does not hold the parameter being pruned "
+                    f"(shape {tuple(p.shape)}); pass the optimizer that trains it"
+                )
+        return
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"torchspeed.prune: optimizer must be a torch.optim.Optimizer, got {type(optimizer)}"
+        )
+
+
 def _register_with(optimizer, param: torch.Tensor, packed: Optional[torch.Tensor]) -> None:
     if optimizer is None:
         return
     if hasattr(optimizer, "set_mask"):  # torchspeed's fused optimizers: inside the update pass
         optimizer.set_mask(param, packed)
         return
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"torchspeed.prune: optimizer must be a torch.optim.Optimizer, got {type(optimizer)}"
-        )
+    _check_optimizer(optimizer, [param])
     # torch.optim: a step post-hook re-applies the masks after each step (a separate pass).
     masks = optimizer.__dict__.get("_torchspeed_prune_masks")
     if masks is None:
@@ -138,30 +155,43 @@ def _apply(param: torch.Tensor, packed: torch.Tensor) -> None:
             param.data.masked_fill_(~unpack_mask(packed, param.shape), 0)
 
 
-def _set_mask(module: nn.Module, name: str, keep_packed: torch.Tensor, optimizer=None) -> None:
-    """Combine with an existing mask (pruned stays pruned), store, zero the weight, register."""
-    param = _param(module, name)
-    key = name + MASK_SUFFIX
-    old = module._buffers.get(key)
-    if old is not None:
-        keep_packed = torch.bitwise_and(keep_packed, old.to(keep_packed.device))
-        module._buffers[key] = keep_packed
-    else:
-        if hasattr(module, key):
-            raise ValueError(f"torchspeed.prune: {type(module).__name__} already has {key!r}")
-        module.register_buffer(key, keep_packed)
-    _apply(param, keep_packed)
-    _register_with(optimizer, param, keep_packed)
+Plan = List[Tuple[nn.Module, str, torch.Tensor]]
+
+
+def _commit(plan: Plan, optimizer=None) -> None:
+    """Store every (module, name, packed keep mask) of ``plan``: combined with an existing mask
+    (pruned stays pruned), the weight zeroed, the mask registered with ``optimizer``. Everything
+    is checked first, so an error leaves the model and the optimizer as they were."""
+    _check_optimizer(optimizer, [_param(mod, name) for mod, name, _ in plan])
+    for mod, name, _ in plan:
+        key = name + MASK_SUFFIX
+        if key not in mod._buffers and hasattr(mod, key):
+            raise ValueError(f"torchspeed.prune: {type(mod).__name__} already has {key!r}")
+    for mod, name, keep_packed in plan:
+        param = _param(mod, name)
+        key = name + MASK_SUFFIX
+        old = mod._buffers.get(key)
+        if old is not None:
+            keep_packed = torch.bitwise_and(keep_packed, old.to(keep_packed.device))
+            mod._buffers[key] = keep_packed
+        else:
+            mod.register_buffer(key, keep_packed)
+        _apply(param, keep_packed)
+        _register_with(optimizer, param, keep_packed)
 
 
 # ---- the verbs ----------------------------------------------------------------------------------
 def l1_unstructured(module: nn.Module, name: str = "weight", amount: Amount = 0.5, optimizer=None):
     """Zero exactly ``amount`` elements of ``module.<name>``: the smallest |w| (ties: the higher
     index goes first). Returns the module."""
+    _commit(_plan_l1(module, name, amount), optimizer)
+    return module
+
+
+def _plan_l1(module: nn.Module, name: str, amount: Amount) -> Plan:
     w = _param(module, name)
     k = _count(amount, w.numel())
-    _set_mask(module, name, magnitude_mask(_logical(w), k), optimizer)
-    return module
+    return [(module, name, magnitude_mask(_logical(w), k))]
 
 
 def global_unstructured(
@@ -169,6 +199,10 @@ def global_unstructured(
 ) -> None:
     """Zero exactly ``amount`` of all the listed tensors' elements together: the globally smallest
     |w| (compared exactly in float64); ties at the threshold go in list order, then index."""
+    _commit(_plan_global(parameters, amount), optimizer)
+
+
+def _plan_global(parameters: Iterable[Tuple[nn.Module, str]], amount: Amount) -> Plan:
     params = list(parameters)
     if not params:
         raise ValueError("torchspeed.prune.global_unstructured: parameters is empty")
@@ -179,17 +213,28 @@ def global_unstructured(
         counts = [0] * len(ws)
     else:
         mags = torch.cat([w.detach().reshape(-1).abs().double().cpu() for w in ws])
+        # kthvalue sorts NaN above inf; NaN counts as the largest magnitude (as magnitude_mask).
         threshold = torch.kthvalue(mags, k).values
-        below = [int((w.detach().abs().double() < threshold.to(w.device)).sum()) for w in ws]
-        ties = [int((w.detach().abs().double() == threshold.to(w.device)).sum()) for w in ws]
+        below, ties = [], []
+        for w in ws:
+            a = w.detach().abs().double()
+            if bool(threshold.isnan()):
+                below.append(int((~a.isnan()).sum()))
+                ties.append(int(a.isnan().sum()))
+            else:
+                t = threshold.to(w.device)
+                below.append(int((a < t).sum()))
+                ties.append(int((a == t).sum()))
         left = k - sum(below)
         counts = []
         for b, t in zip(below, ties):
             take = min(t, left)
             counts.append(b + take)
             left -= take
-    for (module, name), w, c in zip(params, ws, counts):
-        _set_mask(module, name, magnitude_mask(_logical(w), c), optimizer)
+    return [
+        (module, name, magnitude_mask(_logical(w), c))
+        for (module, name), w, c in zip(params, ws, counts)
+    ]
 
 
 def ln_structured(
@@ -202,6 +247,11 @@ def ln_structured(
 ):
     """Zero whole slices along ``dim`` (output channels for dim=0): the ``amount`` slices with the
     lowest L-``n`` norm (n = 1, 2, inf, "fro"), as torch.nn.utils.prune.ln_structured chooses."""
+    _commit(_plan_ln(module, name, amount, n, dim), optimizer)
+    return module
+
+
+def _plan_ln(module: nn.Module, name: str, amount: Amount, n, dim: int) -> Plan:
     w = _param(module, name)
     if w.dim() < 1:
         raise ValueError("torchspeed.prune.ln_structured: the tensor needs at least one dim")
@@ -221,18 +271,35 @@ def ln_structured(
     shape = [1] * w.dim()
     shape[d] = channels
     keep = keep_ch.reshape(shape).expand(w.shape).contiguous()
-    _set_mask(module, name, pack_mask(keep), optimizer)
-    return module
+    return [(module, name, pack_mask(keep))]
 
 
 def nm_sparse(module: nn.Module, name: str = "weight", n: int = 2, m: int = 4, optimizer=None):
     """N:M sparsity along the input dimension: keep the n largest |w| of every m consecutive
     elements of each row of ``w.reshape(w.shape[0], -1)`` (a Linear's input features, a Conv's
     (in, *kernel) elements). The row length must be a multiple of m."""
-    w = _param(module, name)
-    rows = w.reshape(w.shape[0], -1) if w.dim() > 1 else w.reshape(1, -1)
-    _set_mask(module, name, nm_mask(_logical(rows), n, m), optimizer)
+    _commit(_plan_nm(module, name, n, m), optimizer)
     return module
+
+
+def _check_nm(n, m, where: str) -> None:
+    for label, v in (("n", n), ("m", m)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"torchspeed.prune.{where}: {label} must be an int, got {v!r}")
+    if not 1 <= m <= 256:
+        raise ValueError(f"torchspeed.prune.{where}: m must be in [1, 256], got {m}")
+    if not 0 <= n <= m:
+        raise ValueError(f"torchspeed.prune.{where}: n must be in [0, m={m}], got {n}")
+
+
+def _plan_nm(module: nn.Module, name: str, n: int, m: int) -> Plan:
+    _check_nm(n, m, "nm_sparse")
+    w = _param(module, name)
+    if w.dim() > 1:
+        rows = w.reshape(w.shape[0], math.prod(w.shape[1:]))  # also when w has no elements
+    else:
+        rows = w.reshape(1, -1)
+    return [(module, name, nm_mask(_logical(rows), int(n), int(m)))]
 
 
 def prunable_parameters(model: nn.Module, types=PRUNABLE) -> List[Tuple[nn.Module, str]]:
@@ -264,16 +331,18 @@ def apply(
             f"torchspeed.prune.apply: method must be one of {_METHODS}, got {method!r}"
         )
     targets = prunable_parameters(model, types)
+    # Every layer's mask is computed (and checked) before any layer changes.
+    plan: Plan = []
     if method == "global_unstructured":
-        global_unstructured(targets, amount, optimizer=optimizer)
-        return model
-    for mod, name in targets:
+        plan = _plan_global(targets, amount)
+    for mod, name in targets if method != "global_unstructured" else []:
         if method == "l1_unstructured":
-            l1_unstructured(mod, name, amount, optimizer=optimizer)
+            plan += _plan_l1(mod, name, amount)
         elif method == "ln_structured":
-            ln_structured(mod, name, amount, n=norm, dim=dim, optimizer=optimizer)
+            plan += _plan_ln(mod, name, amount, norm, dim)
         else:
-            nm_sparse(mod, name, n=n, m=m, optimizer=optimizer)
+            plan += _plan_nm(mod, name, n, m)
+    _commit(plan, optimizer)
     return model
 
 
@@ -281,6 +350,7 @@ def remove(module: nn.Module, name: Optional[str] = None, optimizer=None) -> nn.
     """Drop the mask of ``module.<name>`` (or, with name None, every mask in ``module`` and its
     submodules); the zeros stay in the weight (as torch's remove makes pruning permanent)."""
     mods = [module] if name is not None else list(module.modules())
+    todo = []
     for mod in mods:
         names = (
             [name]
@@ -288,13 +358,15 @@ def remove(module: nn.Module, name: Optional[str] = None, optimizer=None) -> nn.
             else [b[: -len(MASK_SUFFIX)] for b in list(mod._buffers) if b.endswith(MASK_SUFFIX)]
         )
         for nm in names:
-            key = nm + MASK_SUFFIX
-            if key not in mod._buffers:
+            if nm + MASK_SUFFIX not in mod._buffers:
                 raise ValueError(
                     f"torchspeed.prune.remove: {type(mod).__name__}.{nm} is not pruned"
                 )
-            del mod._buffers[key]
-            _register_with(optimizer, _param(mod, nm), None)
+            todo.append((mod, nm))
+    _check_optimizer(optimizer, [_param(mod, nm) for mod, nm in todo])
+    for mod, nm in todo:
+        del mod._buffers[nm + MASK_SUFFIX]
+        _register_with(optimizer, _param(mod, nm), None)
     return module
 
 
@@ -319,22 +391,67 @@ def sparsity(module: nn.Module, types=PRUNABLE) -> Dict[str, float]:
     return out
 
 
-def load_state_dict(model: nn.Module, state_dict: Dict[str, torch.Tensor], strict: bool = True):
+def load_state_dict(
+    model: nn.Module, state_dict: Dict[str, torch.Tensor], strict: bool = True, optimizer=None
+):
     """``model.load_state_dict`` that first creates the mask buffers the state_dict holds, so a
-    pruned model's state_dict loads into a fresh (unpruned) model; the masks are re-applied."""
+    pruned model's state_dict loads into a fresh (unpruned) model; the masks are re-applied.
+
+    ``optimizer``: registers every mask of the model with it (as the verbs' ``optimizer=`` does),
+    so training a resumed model keeps the pruned weights at zero. Every mask entry (its module,
+    weight, dtype uint8 and ceil(numel / 8) bytes) and the optimizer are checked before the model
+    changes; an error while loading removes the mask buffers this call created."""
+    found = []
     for key, value in state_dict.items():
         if not key.endswith(MASK_SUFFIX):
             continue
         path, _, buf = key.rpartition(".")
-        mod = model.get_submodule(path) if path else model
+        try:
+            mod = model.get_submodule(path) if path else model
+        except AttributeError:
+            raise ValueError(
+                f"torchspeed.prune.load_state_dict: state_dict[{key!r}]: the model has no "
+                f"submodule {path!r}"
+            ) from None
+        weight = _param(mod, buf[: -len(MASK_SUFFIX)])
+        nbytes = (weight.numel() + 7) // 8
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8:
+            got = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(
+                f"torchspeed.prune.load_state_dict: state_dict[{key!r}] must be a uint8 packed "
+                f"mask, got {got}"
+            )
+        if value.numel() != nbytes:
+            raise ValueError(
+                f"torchspeed.prune.load_state_dict: state_dict[{key!r}] must have "
+                f"ceil({weight.numel()} / 8) = {nbytes} bytes, got {value.numel()}"
+            )
+        found.append((mod, buf, value, weight))
+    masked = [w for mod, buf, _, w in found]
+    masked += [
+        _param(mod, b[: -len(MASK_SUFFIX)])
+        for mod in model.modules()
+        for b in mod._buffers
+        if b.endswith(MASK_SUFFIX)
+    ]
+    _check_optimizer(optimizer, masked)
+    created = []
+    for mod, buf, value, weight in found:
         if buf not in mod._buffers:  # on the weight's device, as pruning would have put it
-            weight = _param(mod, buf[: -len(MASK_SUFFIX)])
             mod.register_buffer(buf, torch.empty_like(value, device=weight.device))
-    result = model.load_state_dict(state_dict, strict=strict)
+            created.append((mod, buf))
+    try:
+        result = model.load_state_dict(state_dict, strict=strict)
+    except Exception:
+        for mod, buf in created:
+            del mod._buffers[buf]
+        raise
     for mod in model.modules():
         for buf in list(mod._buffers):
             if buf.endswith(MASK_SUFFIX):
-                _apply(_param(mod, buf[: -len(MASK_SUFFIX)]), mod._buffers[buf])
+                param = _param(mod, buf[: -len(MASK_SUFFIX)])
+                _apply(param, mod._buffers[buf])
+                _register_with(optimizer, param, mod._buffers[buf])
     return result
 
 

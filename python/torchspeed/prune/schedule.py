@@ -13,6 +13,7 @@ Between pruning steps the optimizer (``optimizer=``) keeps the pruned weights at
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Dict, Optional
 
 _METHODS = ("unstructured", "global", "structured", "nm")
@@ -60,10 +61,17 @@ class GradualPruner:
         if method not in _METHODS:
             raise ValueError(f"torchspeed.prune.GradualPruner: method must be one of {_METHODS}")
         if method == "nm":
-            if not (0 <= n <= m):
-                raise ValueError(f"torchspeed.prune.GradualPruner: need 0 <= n <= m, got {n}:{m}")
+            from . import _check_nm
+
+            _check_nm(n, m, "GradualPruner")
+            implied = (m - n) / m
             if final_sparsity is None:
-                final_sparsity = (m - n) / m
+                final_sparsity = implied
+            elif isinstance(final_sparsity, bool) or abs(float(final_sparsity) - implied) > 1e-9:
+                raise ValueError(
+                    "torchspeed.prune.GradualPruner: with method='nm', final_sparsity must be "
+                    f"(m - n) / m = {implied} (or None), got {final_sparsity!r}"
+                )
         if final_sparsity is None:
             raise ValueError("torchspeed.prune.GradualPruner: final_sparsity is required")
         for label, v in (
@@ -161,7 +169,18 @@ class GradualPruner:
                     f"torchspeed.prune.GradualPruner.load_state_dict: {key} is {state[key]!r} in "
                     f"the state_dict, {getattr(self, key)!r} here"
                 )
-        self.step_count = int(state["step_count"])
+        if not isinstance(state, dict):
+            raise TypeError(
+                f"torchspeed.prune.GradualPruner.load_state_dict: state must be a dict, got "
+                f"{type(state)}"
+            )
+        count = state.get("step_count")
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
+            raise ValueError(
+                "torchspeed.prune.GradualPruner.load_state_dict: step_count must be an int >= 0, "
+                f"got {count!r}" + ("" if "step_count" in state else " (missing)")
+            )
+        self.step_count = int(count)
         self.last_sparsity = state.get("last_sparsity")
 
     def __repr__(self) -> str:
