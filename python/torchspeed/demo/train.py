@@ -214,6 +214,17 @@ class _GpuNormalize:
         return x
 
 
+def _lr_factor(steps: int):
+    warmup = max(1, steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup))))
+
+    return factor
+
+
 def _model_input(x: torch.Tensor, prepare, channels_last: bool) -> torch.Tensor:
     if prepare is not None:  # uint8 on the GPU -> normalized float
         return prepare(x)
@@ -263,6 +274,10 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         opt = AdamW(model.parameters(), **hyper)
         dl, vdl = _native_loaders(cfg, manifest, cfg.seed, channels_last=fixes)
         prepare = _GpuNormalize(device, fixes) if cuda else None
+    # The same schedule in every run (torch's LambdaLR drives either optimizer): linear warmup
+    # over 5 % of the steps, then cosine to 0, so each run ends at a settled model, not at a
+    # point of a noisy constant-lr walk (held-out accuracy then compares the runs, not the noise).
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(cfg.steps))
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
     to_device = kind == "baseline" and cuda  # torchspeed's loader prefetches on a side stream
 
@@ -305,6 +320,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
                     scaler.step(opt)
                     scaler.update()
                     opt.zero_grad(set_to_none=True)
+                    sched.step()
                 losses.append(loss.detach())
                 times.append(time.perf_counter() - t0)
                 prof.step(samples=int(y.shape[0]))
