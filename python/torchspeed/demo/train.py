@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
+import resource
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence
@@ -107,6 +109,7 @@ class RunResult:
     report: str
     phase_total_s: Dict[str, float]
     first_batch_s: float
+    cpu_s: float
     notes: List[str] = field(default_factory=list)
     profiler: Any = None
 
@@ -291,6 +294,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
     model.train()
     if cuda:
         torch.cuda.synchronize()
+    cpu0 = _process_cpu_s()
     t0 = time.perf_counter()
     step, epoch = 0, 0
     with prof:
@@ -332,6 +336,10 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
+    # CPU seconds the training spent: this process's threads (the C++ loader's included) plus
+    # torch's worker processes. It counts spinning and contention too (torch's OpenMP threads
+    # spin while they wait), so on a loaded machine it grows with the load, as wall time does.
+    cpu_s = _process_cpu_s() - cpu0 + _worker_cpu_s(dl)
     bar.close()
     summary = prof.summary()
     report = prof.report(summary)
@@ -369,9 +377,29 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         report=report,
         phase_total_s=phase_total,
         first_batch_s=first_batch_s,
+        cpu_s=cpu_s,
         notes=notes,
         profiler=prof,
     )
+
+
+def _process_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _worker_cpu_s(dl) -> float:
+    """User + system CPU seconds of torch's (persistent) worker processes so far (Linux /proc)."""
+    it = getattr(dl, "_iterator", None)
+    total = 0.0
+    for w in getattr(it, "_workers", None) or []:
+        try:
+            with open(f"/proc/{w.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return math.nan
+    return total
 
 
 def _close(dl) -> None:
