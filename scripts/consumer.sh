@@ -73,9 +73,11 @@ check_openmp build/examples/train_mlp
 if [ -x build/examples/train_loader ]; then
   # The loader + fused AdamW + profiler app on the demo's quick shards (generated once, cached).
   echo "examples/cpp/train_loader on torchspeed demo's quick shards:"
+  demo_data="$PWD/build/demo-data"
   mapfile -t shards < <(cd /tmp && "$PY" -c 'import sys; from torchspeed.demo import dataset
 m = dataset.prepare("quick", sys.argv[1], progress=False)
-print("\n".join(m["train_urls"]))' "$PWD/build/demo-data")
+print("\n".join(m["train_urls"]))' "$demo_data")
+  [ "${#shards[@]}" -gt 0 ] || fail "no demo shards for examples/cpp/train_loader"
   build/examples/train_loader 30 build/examples/train_loader_trace.json "${shards[@]}"
   "$PY" -c 'import json, sys; assert json.load(open(sys.argv[1]))["traceEvents"]' \
     build/examples/train_loader_trace.json

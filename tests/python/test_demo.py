@@ -73,7 +73,14 @@ def test_json_png_and_traces_hold_numbers(quick):
     assert set(rec["runs"]) == {"baseline", "torchspeed"}
     for name, run in rec["runs"].items():
         assert run["steps"] == 12, name
-        for key in ("wall_s", "images_per_s", "first_batch_s", "eval_s", "final_train_loss"):
+        for key in (
+            "wall_s",
+            "images_per_s",
+            "first_batch_s",
+            "eval_s",
+            "final_train_loss",
+            "cpu_ms_per_image",
+        ):
             assert math.isfinite(run[key]) and run[key] > 0, (name, key, run[key])
         assert 0.0 <= run["heldout_accuracy"] <= 1.0 and run["heldout_images"] == 160
         assert len(run["losses"]) == len(run["times_s"]) == 12

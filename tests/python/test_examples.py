@@ -122,3 +122,12 @@ def test_ddp_accumulate_under_torchrun(tmp_path):
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert save.exists()
+
+
+def test_prune_int8_if_present(tmp_path):
+    # Written by the pruning/int8 work; run here in its short mode once it exists.
+    path = _example("prune_int8.py")
+    if not os.path.exists(path):
+        pytest.skip("examples/python/prune_int8.py is not in this tree yet")
+    r = _run([path, "--quick"], str(tmp_path))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -39,10 +39,32 @@ def table(results: Sequence, cfg) -> str:
     def higher(a, b):
         return b / a if a and b and a > 0 else None
 
+    stats = [r.step_stats() for r in results]
     row("wall time, training (s)", [r.wall_s for r in results], faster)
     row("images/s", [r.images_per_s for r in results], higher)
-    row("first batch (s)", [r.first_batch_s for r in results], faster, 2)
+    row(
+        "  steps x median step (s)",
+        [r.steps * st["median_s"] for r, st in zip(results, stats)],
+        faster,
+    )
+    row(
+        "  of the wall: steps > 3x median, excess (s)",
+        [st["slow_excess_s"] for st in stats],
+        None,
+    )
+    row(
+        "CPU ms per image (all threads + workers)",
+        [1e3 * r.cpu_s / r.images for r in results],
+        faster,
+        2,
+    )
+    row("loader setup (s, not in the wall time)", [r.setup_s for r in results], faster, 2)
+    row("first batch (s, in the wall time)", [r.first_batch_s for r in results], faster, 2)
     row("step median (ms)", [r.summary.step_median_s * 1e3 for r in results], faster)
+    row("step p90 / max (ms)", [st["p90_s"] * 1e3 for st in stats], None, 0)
+    rows[-1][1 : 1 + len(results)] = [
+        f"{st['p90_s'] * 1e3:,.0f} / {st['max_s'] * 1e3:,.0f}" for st in stats
+    ]
     for p in _SHOWN_PHASES:
         vals = [r.summary.phases[p].median_s * 1e3 for r in results]
         if p == "h2d" and max(vals) == 0:
@@ -63,13 +85,22 @@ def table(results: Sequence, cfg) -> str:
     lines.insert(1, "-" * len(lines[0]))
     acc_gap = 100 * abs(results[1].heldout_acc - base.heldout_acc)
     lines.append("")
+    cpu_ratio = base.cpu_s / results[1].cpu_s if results[1].cpu_s > 0 else math.nan
     lines.append(
         f"Same {cfg.steps} steps of {cfg.batch_size} images at {cfg.image_size} px, seed {cfg.seed}, "
         f"AdamW lr {cfg.lr:g}, autocast {cfg.amp}: torchspeed is "
-        f"{base.wall_s / results[1].wall_s:.2f}x faster in wall time; held-out accuracy "
+        f"{base.wall_s / results[1].wall_s:.2f}x faster in wall time and uses {cpu_ratio:.2f}x "
+        f"less CPU per image; held-out accuracy "
         f"{100 * base.heldout_acc:.1f} % vs {100 * results[1].heldout_acc:.1f} % "
         f"({acc_gap:.1f} points apart; chance is 10 %)."
     )
+    slow = [(r, st) for r, st in zip(results, stats) if st["slow_excess_s"] > 0.1 * r.wall_s]
+    for r, st in slow:
+        lines.append(
+            f"{r.label}: {st['slow_steps']} steps took over 3x the median step and added "
+            f"{st['slow_excess_s']:.1f} s to its wall time (machine load or a start-up transient; "
+            f"see times_s in summary.json): compare the 'steps x median step' row too."
+        )
     for r in results[2:]:
         lines.append(f"{r.label}: {', '.join(r.notes) or 'nothing to apply'}.")
     limit = max(_SHOWN_PHASES, key=lambda p: results[1].summary.phases[p].share)
@@ -110,7 +141,9 @@ def _summary_dict(s) -> dict:
     }
 
 
-def record(results: Sequence, cfg, manifest: dict, total_s: float, argv) -> dict:
+def record(
+    results: Sequence, cfg, manifest: dict, total_s: float, argv, warmup_s: float = math.nan
+) -> dict:
     import torch
 
     import torchspeed
@@ -130,7 +163,12 @@ def record(results: Sequence, cfg, manifest: dict, total_s: float, argv) -> dict
             "steps": r.steps,
             "images": r.images,
             "images_per_s": r.images_per_s,
+            "setup_s": r.setup_s,
             "first_batch_s": r.first_batch_s,
+            "step_times": {k: v for k, v in r.step_stats().items()},
+            "steps_x_median_s": r.steps * r.step_stats()["median_s"],
+            "cpu_s": r.cpu_s,
+            "cpu_ms_per_image": 1e3 * r.cpu_s / r.images,
             "final_train_loss": r.final_loss,
             "heldout_accuracy": r.heldout_acc,
             "heldout_images": r.heldout_images,
@@ -185,6 +223,7 @@ def record(results: Sequence, cfg, manifest: dict, total_s: float, argv) -> dict
         "speedup_wall": base.wall_s / results[1].wall_s,
         "heldout_accuracy_gap_points": 100 * abs(results[1].heldout_acc - base.heldout_acc),
         "total_s": total_s,
+        "process_warmup_s": warmup_s,
         "runs": runs,
     }
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
+import resource
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence
@@ -107,12 +109,43 @@ class RunResult:
     report: str
     phase_total_s: Dict[str, float]
     first_batch_s: float
+    cpu_s: float
+    setup_s: float = math.nan  # building the loaders (the baseline's index scan, the native index)
     notes: List[str] = field(default_factory=list)
     profiler: Any = None
 
     @property
     def images_per_s(self) -> float:
         return self.images / self.wall_s
+
+    @property
+    def step_times_s(self) -> List[float]:
+        """Each step's wall time (data wait included), from the cumulative ``times_s``."""
+        t = [0.0] + list(self.times_s)
+        return [b - a for a, b in zip(t, t[1:])]
+
+    def step_stats(self) -> Dict[str, float]:
+        """Median, p90 and max of the per-step wall times (every step, step 0 included), and the
+        seconds the steps slower than 3x the median spent beyond the median: the part of the
+        wall time that a few stalled steps (machine load, a start-up transient) added."""
+        d = sorted(self.step_times_s)
+        if not d:
+            return dict(
+                median_s=math.nan,
+                p90_s=math.nan,
+                max_s=math.nan,
+                slow_steps=0,
+                slow_excess_s=math.nan,
+            )
+        med = d[len(d) // 2]
+        slow = [x for x in d if x > 3 * med]
+        return dict(
+            median_s=med,
+            p90_s=d[min(len(d) - 1, int(0.9 * len(d)))],
+            max_s=d[-1],
+            slow_steps=len(slow),
+            slow_excess_s=sum(x - med for x in slow),
+        )
 
     @property
     def final_loss(self) -> float:
@@ -214,6 +247,17 @@ class _GpuNormalize:
         return x
 
 
+def _lr_factor(steps: int):
+    warmup = max(1, steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup))))
+
+    return factor
+
+
 def _model_input(x: torch.Tensor, prepare, channels_last: bool) -> torch.Tensor:
     if prepare is not None:  # uint8 on the GPU -> normalized float
         return prepare(x)
@@ -253,6 +297,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
             cfg = dataclasses.replace(cfg, amp="fp16" if cuda else "bf16")
             notes.append(f"autocast {cfg.amp} (the doctor's amp advice)")
     hyper = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
+    t_setup = time.perf_counter()
     if kind == "baseline":
         opt = torch.optim.AdamW(model.parameters(), **hyper)
         dl, vdl = _torch_loaders(cfg, manifest, cfg.seed)
@@ -263,6 +308,12 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         opt = AdamW(model.parameters(), **hyper)
         dl, vdl = _native_loaders(cfg, manifest, cfg.seed, channels_last=fixes)
         prepare = _GpuNormalize(device, fixes) if cuda else None
+    # Reported next to the training wall time, not inside it (the same rule for every run).
+    setup_s = time.perf_counter() - t_setup
+    # The same schedule in every run (torch's LambdaLR drives either optimizer): linear warmup
+    # over 5 % of the steps, then cosine to 0, so each run ends at a settled model, not at a
+    # point of a noisy constant-lr walk (held-out accuracy then compares the runs, not the noise).
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor(cfg.steps))
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
     to_device = kind == "baseline" and cuda  # torchspeed's loader prefetches on a side stream
 
@@ -276,6 +327,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
     model.train()
     if cuda:
         torch.cuda.synchronize()
+    cpu0 = _process_cpu_s()
     t0 = time.perf_counter()
     step, epoch = 0, 0
     with prof:
@@ -305,6 +357,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
                     scaler.step(opt)
                     scaler.update()
                     opt.zero_grad(set_to_none=True)
+                    sched.step()
                 losses.append(loss.detach())
                 times.append(time.perf_counter() - t0)
                 prof.step(samples=int(y.shape[0]))
@@ -316,6 +369,10 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
+    # CPU seconds the training spent: this process's threads (the C++ loader's included) plus
+    # torch's worker processes. It counts spinning and contention too (torch's OpenMP threads
+    # spin while they wait), so on a loaded machine it grows with the load, as wall time does.
+    cpu_s = _process_cpu_s() - cpu0 + _worker_cpu_s(dl)
     bar.close()
     summary = prof.summary()
     report = prof.report(summary)
@@ -353,9 +410,62 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         report=report,
         phase_total_s=phase_total,
         first_batch_s=first_batch_s,
+        cpu_s=cpu_s,
+        setup_s=setup_s,
         notes=notes,
         profiler=prof,
     )
+
+
+def warm_up(cfg: Config, num_classes: int, steps: int = 2, channels_last: bool = False) -> float:
+    """A few untimed forward/backward/optimizer steps of a throwaway model on random inputs, in
+    the layouts the runs will use (channels_last only with the doctor's fixes) and the run's
+    autocast, before any timed run.
+
+    The process's one-time costs (oneDNN/cuDNN primitive creation for each layer shape, the
+    intra-op thread pool's start, the allocator growing its arenas, CUDA context and kernel
+    loading) otherwise fall into the timed steps of whichever run goes first (the baseline), which
+    made the order of the runs part of the comparison. Returns the seconds it took."""
+    device = torch.device(cfg.device)
+    t0 = time.perf_counter()
+    for cl in (False, True) if channels_last else (False,):
+        torch.manual_seed(cfg.seed + 1)
+        model = SmallResNet(num_classes, cfg.width).to(device)
+        if cl:
+            model = model.to(memory_format=torch.channels_last)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        for _ in range(steps):
+            x = torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=device)
+            if cl:
+                x = x.contiguous(memory_format=torch.channels_last)
+            y = torch.randint(0, num_classes, (cfg.batch_size,), device=device)
+            with _autocast(cfg):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _process_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _worker_cpu_s(dl) -> float:
+    """User + system CPU seconds of torch's (persistent) worker processes so far (Linux /proc)."""
+    it = getattr(dl, "_iterator", None)
+    total = 0.0
+    for w in getattr(it, "_workers", None) or []:
+        try:
+            with open(f"/proc/{w.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return math.nan
+    return total
 
 
 def _close(dl) -> None:
