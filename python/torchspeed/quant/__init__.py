@@ -152,6 +152,7 @@ def qparams_from_minmax(
     return scale, zp
 
 
+from torchspeed.quant.fake_quant import FakeQuantize, fake_quantize  # noqa: E402
 from torchspeed.quant.linear import (  # noqa: E402
     Int8Linear,
     int8_linear,
@@ -159,7 +160,6 @@ from torchspeed.quant.linear import (  # noqa: E402
     int8_path,
     quantize_dynamic,
 )
-from torchspeed.quant.fake_quant import FakeQuantize, fake_quantize  # noqa: E402
 from torchspeed.quant.observer import (  # noqa: E402
     MinMaxObserver,
     MovingAverageMinMaxObserver,

@@ -7,8 +7,8 @@
 
 #include "catch_shim.h"
 
-// The int[] fields of these ops (int is in op_schema_check.h), for check_against_schema's default comparison (declared
-// before op_schema_check.h so its template finds them).
+// The int[] fields of these ops (int is in op_schema_check.h), for check_against_schema's default
+// comparison (declared before op_schema_check.h so its template finds them).
 namespace torchspeed_test {
 inline c10::IValue as_ivalue(at::IntArrayRef v) { return c10::IValue(v.vec()); }
 }  // namespace torchspeed_test
