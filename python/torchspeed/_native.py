@@ -41,3 +41,14 @@ def load_native():
             f"you have {running}. Rebuild with: pip install --no-build-isolation ."
         ) from e
     return _C, info
+
+
+def native_op(name: str, area: str, prefix: str = "torchspeed"):
+    """``torch.ops.torchspeed.<name>``, or a clear error naming the CMake option of the ``area``
+    that registers it when this build left that area out."""
+    op = getattr(torch.ops.torchspeed, name, None)
+    if op is None:
+        raise RuntimeError(
+            f"{prefix}.{name}: built without the {area} area (TORCHSPEED_WITH_{area.upper()}=OFF)"
+        )
+    return op

@@ -596,7 +596,11 @@ inline void gemm_amx(const Int8GemmArgs& g, int64_t m0, int64_t m1, int64_t n0, 
         } else {
           for (int64_t r = 0; r < rows; ++r) {
             int32_t* row = acc + r * 32;
-            for (int j = 0; j < 32; ++j) row[j] -= comp[j];  // comp[n_pad) covers both panels
+            // comp[n_pad) covers both panels; the lanes wrap like vpsubd (the true sum fits int32)
+            for (int j = 0; j < 32; ++j) {
+              row[j] = static_cast<int32_t>(static_cast<uint32_t>(row[j]) -
+                                            static_cast<uint32_t>(comp[j]));
+            }
             epilogue_row(g, m + r, n, cnt, row);
           }
         }

@@ -11,14 +11,11 @@ from typing import Sequence
 
 import torch
 
+from torchspeed._native import native_op
+
 
 def _op(name: str):
-    op = getattr(torch.ops.torchspeed, name, None)
-    if op is None:
-        raise RuntimeError(
-            f"torchspeed.prune.{name}: built without the prune area (TORCHSPEED_WITH_PRUNE=OFF)"
-        )
-    return op
+    return native_op(name, "prune", prefix="torchspeed.prune")
 
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:

@@ -23,16 +23,13 @@ from typing import Optional, Tuple
 
 import torch
 
+from torchspeed._native import native_op
+
 _GRANULARITIES = ("per_tensor", "per_channel", "per_group")
 
 
 def _op(name: str):
-    op = getattr(torch.ops.torchspeed, name, None)
-    if op is None:
-        raise RuntimeError(
-            f"torchspeed.{name}: built without the quant area (TORCHSPEED_WITH_QUANT=OFF)"
-        )
-    return op
+    return native_op(name, "quant")
 
 
 def quantize_int8(

@@ -19,16 +19,13 @@ from typing import Optional
 import torch
 from torch import nn
 
+from torchspeed._native import native_op
+
 _OP = "torchspeed::fake_quantize"
 
 
 def _fake_quant_op():
-    op = getattr(torch.ops.torchspeed, "fake_quantize", None)
-    if op is None:
-        raise RuntimeError(
-            "torchspeed.fake_quantize: built without the quant area (TORCHSPEED_WITH_QUANT=OFF)"
-        )
-    return op
+    return native_op("fake_quantize", "quant")
 
 
 def fake_quantize(

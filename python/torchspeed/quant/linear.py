@@ -22,18 +22,15 @@ from typing import Iterable, Optional
 import torch
 from torch import nn
 
+from torchspeed._native import native_op
+
 __all__ = ["Int8Linear", "quantize_dynamic", "int8_pack_weight", "int8_linear", "int8_path"]
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _op(name: str):
-    op = getattr(torch.ops.torchspeed, name, None)
-    if op is None:
-        raise RuntimeError(
-            f"torchspeed.{name}: built without the quant area (TORCHSPEED_WITH_QUANT=OFF)"
-        )
-    return op
+    return native_op(name, "quant")
 
 
 def int8_path() -> str:

@@ -256,7 +256,11 @@ TEST_CASE("profile ring: a concurrent reader never sees a torn event") {
   });
   while (writer_tid.load() == 0) std::this_thread::yield();
   long checked = 0;
-  for (int round = 0; round < 300; ++round) {
+  // 300 reads at least, and on until one saw the writer's events (its first may come late on a
+  // loaded machine or under the sanitizers), with a deadline so a broken ring fails, not hangs.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int round = 0; round < 300 || (checked == 0 && std::chrono::steady_clock::now() < deadline);
+       ++round) {
     for (const tp::ThreadEvents& te : tp::snapshot()) {
       if (te.os_tid != writer_tid.load()) continue;
       for (const tp::Event& e : te.events) {
