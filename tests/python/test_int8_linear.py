@@ -62,6 +62,7 @@ def assert_bitwise(out, ref):
         (48, 35, 129),
         (17, 16, 64),
         (70, 130, 300),
+        (130, 1000, 72),  # several column blocks, the last one partial
     ],
 )
 def test_matches_int64_reference_bitwise(int8_path, m, n, k):

@@ -135,6 +135,10 @@ at::Tensor int8_linear_cpu(const Int8LinearArgs& a) {
   const int64_t mb = std::min<int64_t>(kRowBlock, m);
   const int64_t m_blocks = (m + mb - 1) / mb;
   while (nb > kColStep && m_blocks * ((n + nb - 1) / nb) < 4 * threads) nb -= kColStep;
+  // Even column blocks (whole panels): parallel_for gives each thread the same count of tasks, so
+  // a narrow last block would idle a thread (N = 1024 as 480 + 480 + 64 ran 25% slower on 2).
+  const int64_t even = (n + nb - 1) / nb;
+  nb = round_up((n + even - 1) / even, kc::kInt8PanelN);
   const int64_t n_blocks = (n + nb - 1) / nb;
   // Column block outermost: a thread's consecutive tasks share their panels.
   at::parallel_for(0, m_blocks * n_blocks, 1, [&](int64_t b, int64_t e) {

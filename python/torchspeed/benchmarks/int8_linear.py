@@ -11,13 +11,20 @@ on 512 bits; about 1.33x fp32 on Skylake-SP's two ports, quant_prune.md §2.3), 
 (2 x vpdpbusd of 64), amx 1024 (one 16x16x64 tdpbusd per 16 cycles). M = 1 is memory-bound: the
 GB/s column counts the weight bytes read (fp32: 4 N K, int8: N K).
 
-    torchspeed bench int8_linear [--quick] [--threads T] [--paths avx2,amx]
+    torchspeed bench int8_linear [--quick] [--threads T] [--paths avx2,amx] [--as-avx2-host]
+
+--as-avx2-host measures what an AVX2-only CPU (AMD Zen 2/3, older Xeons) would see, on this one:
+it re-runs the benchmark with every library held to AVX2 (MKL_ENABLE_INSTRUCTIONS=AVX2,
+ONEDNN_MAX_CPU_ISA=AVX2, FBGEMM_ENABLE_INSTRUCTIONS=AVX2 for torch.ao, ATEN_CPU_CAPABILITY=avx2)
+and torchspeed forced to its avx2 path. The cores stay this CPU's (ports, clock, caches), so it
+is a proxy for the anchors' ISA, not for a Zen 3 core.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import warnings
 from typing import Dict, List, Optional, Sequence
 
@@ -59,12 +66,32 @@ def runnable_paths() -> List[str]:
     return [p for p in _LEVELS if p in compiled and order.index(p) <= best]
 
 
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """||y - ref|| / ||ref||: the int8 output's error against fp32 (a saturating int16 pair sum
+    shows here)."""
+    return float((y.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
 def _ao_linear(lin: nn.Linear) -> nn.Module:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.ao.quantization.quantize_dynamic(
             nn.Sequential(lin), {nn.Linear}, dtype=torch.qint8
         )
+
+
+# Every library held to AVX2, read when each loads: the benchmark re-runs itself under them.
+AVX2_HOST_ENV = {
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "TORCHSPEED_CPU_ISA": "avx2",
+}
+
+
+def _as_avx2_host() -> bool:
+    return all(os.environ.get(k) == v for k, v in AVX2_HOST_ENV.items())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -77,7 +104,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="M = 1, 256 at K = N = 1024 (< 30 s)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--paths", default="", help="comma-separated int8 paths (default: all here)")
+    ap.add_argument(
+        "--as-avx2-host",
+        action="store_true",
+        help="hold MKL, oneDNN, FBGEMM, ATen and torchspeed to AVX2 (an AVX2-only CPU's anchors)",
+    )
     args = ap.parse_args(list(argv) if argv is not None else None)
+    if args.as_avx2_host and not _as_avx2_host():
+        # The libraries read these once, when they load: a fresh process is the only way.
+        env = dict(os.environ, **AVX2_HOST_ENV)
+        cmd = [sys.executable, "-m", "torchspeed.benchmarks", "int8_linear", *(argv or [])]
+        sys.stdout.flush()
+        os.execve(sys.executable, cmd, env)
+    avx2_host = _as_avx2_host()
+    if avx2_host:
+        args.paths = "avx2"
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
@@ -87,14 +128,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         shapes = [(1, 1024), (256, 1024)]
     else:
         shapes = [(m, k) for k in (1024, 2048, 4096) for m in (1, 32, 256, 2048)]
-    h = Harness("bench_int8_linear", "torchspeed bench int8_linear " + " ".join(argv or []))
+    h = Harness(
+        "bench_int8_linear_avx2_host" if avx2_host else "bench_int8_linear",
+        "torchspeed bench int8_linear " + " ".join(argv or []),
+    )
     ghz = cpu_ghz()
     fp32_ceiling = (
         CEILING_MACS_PER_CYCLE["fp32"]
-        if "avx512" in _C.cpu_isas_compiled()
+        if not avx2_host
+        and "avx512" in _C.cpu_isas_compiled()
         and (_C.cpu_isa_detected() in ("avx512", "avx512_vnni", "amx"))
         else 16
     )
+    if avx2_host:
+        print(
+            "# as an AVX2-only host: MKL, oneDNN, FBGEMM, ATen "
+            f"({torch.backends.cpu.get_cpu_capability()}) and torchspeed held to AVX2"
+        )
     saved = os.environ.get("TORCHSPEED_CPU_ISA")
     torch.manual_seed(0)
     try:
@@ -116,8 +166,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     macs=macs,
                     impl="fp32",
                 )
+                ref = lin(x)
                 ao = _ao_linear(lin)
-                h.add(
+                row = h.add(
                     group,
                     "torch.ao dynamic qint8",
                     lambda ao=ao, x=x: ao(x),
@@ -127,10 +178,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     macs=macs,
                     impl="torch.ao",
                 )
+                row["rel_err"] = _rel_err(ao(x), ref)
                 q = Int8Linear.from_float(lin)
                 for p in paths:
                     os.environ["TORCHSPEED_CPU_ISA"] = p
-                    h.add(
+                    row = h.add(
                         group,
                         f"torchspeed Int8Linear [{p}]",
                         lambda q=q, x=x: q(x),
@@ -139,6 +191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         macs=macs,
                         impl=p,
                     )
+                    row["rel_err"] = _rel_err(q(x), ref)
                     os.environ.pop("TORCHSPEED_CPU_ISA")
     finally:
         if saved is None:
@@ -169,15 +222,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     head = (
         f"{'shape':<18} {'implementation':<36} {'min ms':>9} {'GMAC/s':>8} {'% ceil':>7} "
-        f"{'x fp32':>7} {'x ao':>6}"
+        f"{'x fp32':>7} {'x ao':>6} {'rel err':>8}"
     )
     print(head)
     print("-" * len(head))
     for r in h.rows:
         frac = f"{100 * r['frac_of_ceiling']:.0f}" if "frac_of_ceiling" in r else "-"
+        err = f"{100 * r['rel_err']:.2f}%" if "rel_err" in r else "-"
         print(
             f"{r['group']:<18} {r['label']:<36} {1e3 * r['min_s']:>9.2f} {r['gmacs']:>8.1f} "
-            f"{frac:>7} {r['speedup_vs_fp32']:>6.2f}x {r['speedup_vs_torch_ao']:>5.2f}x"
+            f"{frac:>7} {r['speedup_vs_fp32']:>6.2f}x {r['speedup_vs_torch_ao']:>5.2f}x "
+            f"{err:>8}"
         )
     return 0
 
