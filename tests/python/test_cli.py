@@ -78,3 +78,24 @@ def test_console_script_and_module_entry_points(tmp_path):
             [sys.executable, "-m", module, *args], cwd=str(tmp_path), capture_output=True, text=True
         )
         assert r.returncode == 0 and expected in r.stdout, (module, r.stderr)
+
+
+def test_int8_linear_bench_as_an_avx2_host(tmp_path):
+    # The flag re-runs the benchmark in a fresh process with every library held to AVX2; the rows
+    # carry each int8 output's error against fp32.
+    if "avx2" not in torchspeed._C.cpu_isas_compiled():
+        pytest.skip("this build has no avx2 kernels")
+    r = run_cli(["bench", "int8_linear", "--quick", "--as-avx2-host"], cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "held to AVX2" in r.stdout
+    rec = json.loads(
+        (tmp_path / "torchspeed_results" / "bench_int8_linear_avx2_host_cpu.json").read_text()
+    )
+    assert rec["command"] == "torchspeed bench int8_linear --quick --as-avx2-host"
+    impls = {row["impl"] for row in rec["rows"]}
+    assert impls == {"fp32", "torch.ao", "avx2"}
+    for row in rec["rows"]:
+        if row["impl"] == "fp32":
+            continue
+        assert 0.0 < row["rel_err"] < 0.05, row
+        assert row["min_s"] > 0 and row["gmacs"] > 0, row
