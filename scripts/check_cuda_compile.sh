@@ -19,6 +19,29 @@ ARCHS="${ARCHS:-80 90}"
 failures=0
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
+# The compiles run MAX_JOBS at a time (default: the cores); results print in source order.
+jobs_max="${MAX_JOBS:-$(nproc)}"
+start_job() {  # id command...: runs in the background, leaving $tmp/id.{log,rc,secs}
+  local id=$1
+  shift
+  while (($(jobs -rp | wc -l) >= jobs_max)); do wait -n || true; done
+  (
+    t0=$(date +%s)
+    "$@" >"$tmp/$id.log" 2>&1
+    echo $? >"$tmp/$id.rc"
+    echo $(($(date +%s) - t0)) >"$tmp/$id.secs"
+  ) &
+}
+report_job() {  # id label: prints ok or FAIL with the log, counts failures
+  local id=$1 label=$2
+  if [[ "$(cat "$tmp/$id.rc" 2>/dev/null)" == 0 ]]; then
+    echo "ok    $label  ($(cat "$tmp/$id.secs")s)"
+  else
+    echo "FAIL  $label"
+    sed 's/^/      /' "$tmp/$id.log"
+    failures=$((failures + 1))
+  fi
+}
 
 # ---- kernels: torch-free, nvcc only ---------------------------------------------------------------
 if [[ -z "$NVCC" ]]; then
@@ -34,18 +57,15 @@ if ((${#kernels[@]} == 0)); then
 fi
 for src in "${kernels[@]}"; do
   for arch in $ARCHS; do
-    obj="$tmp/$(basename "$src" .cu)_sm${arch}.o"
-    log="$tmp/$(basename "$src" .cu)_sm${arch}.log"
-    start=$(date +%s)
-    if "$NVCC" -std=c++17 -O3 -arch="sm_${arch}" -Icsrc -Iinclude --expt-relaxed-constexpr \
-        -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -c "$src" -o "$obj" >"$log" 2>&1; then
-      echo "ok    $src  sm_${arch}  ($(( $(date +%s) - start ))s)"
-    else
-      echo "FAIL  $src  sm_${arch}"
-      sed 's/^/      /' "$log"
-      failures=$((failures + 1))
-    fi
+    id="$(basename "$src" .cu)_sm${arch}"
+    start_job "$id" "$NVCC" -std=c++17 -O3 -arch="sm_${arch}" -Icsrc -Iinclude \
+      --expt-relaxed-constexpr -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -c "$src" \
+      -o "$tmp/$id.o"
   done
+done
+wait
+for src in "${kernels[@]}"; do
+  for arch in $ARCHS; do report_job "$(basename "$src" .cu)_sm${arch}" "$src  sm_${arch}"; done
 done
 
 # ---- op glue: host C++ against ATen's CUDA headers, syntax only ------------------------------------
@@ -70,18 +90,14 @@ else
   # macros); C10_CUDA_NO_CMAKE_CONFIGURE_FILE is c10's own switch to do without it.
   abi="$("$PYTHON" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || echo 1)"
   for src in "${glue[@]}"; do
-    log="$tmp/$(basename "$src").log"
-    if "${CXX:-g++}" -std=c++17 -fsyntax-only -Wall -Wextra -Wno-unused-parameter -Werror \
-        -isystem "$torch_dir/include" -isystem "$torch_dir/include/torch/csrc/api/include" \
-        -isystem "$cuda_inc" -Icsrc -Iinclude -D_GLIBCXX_USE_CXX11_ABI="$abi" \
-        -DTORCHSPEED_WITH_CUDA=1 -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE "$src" >"$log" 2>&1; then
-      echo "ok    $src  (g++ -fsyntax-only)"
-    else
-      echo "FAIL  $src  (g++ -fsyntax-only)"
-      sed 's/^/      /' "$log"
-      failures=$((failures + 1))
-    fi
+    start_job "glue_$(basename "$src")" "${CXX:-g++}" -std=c++17 -fsyntax-only -Wall -Wextra \
+      -Wno-unused-parameter -Werror -isystem "$torch_dir/include" \
+      -isystem "$torch_dir/include/torch/csrc/api/include" -isystem "$cuda_inc" -Icsrc -Iinclude \
+      -D_GLIBCXX_USE_CXX11_ABI="$abi" -DTORCHSPEED_WITH_CUDA=1 -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE \
+      "$src"
   done
+  wait
+  for src in "${glue[@]}"; do report_job "glue_$(basename "$src")" "$src  (g++ -fsyntax-only)"; done
 fi
 
 # ---- torch-free host code built only with CUDA (the profiler's NVTX mirror), syntax only --------

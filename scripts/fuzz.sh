@@ -48,11 +48,16 @@ fi
 "$CXX" $KFLAGS $DISPATCH_DEFS -c "$ROOT/csrc/kernels/cpu/dispatch.cpp" -o "$OUT/dispatch.o"
 KOBJS="$KOBJS $OUT/dispatch.o"
 
-for target in fuzz_tar fuzz_index fuzz_decode; do
+# The three targets build, and later run, side by side.
+TARGETS="fuzz_tar fuzz_index fuzz_decode"
+pids=""
+for target in $TARGETS; do
   echo "== building $target"
   # shellcheck disable=SC2086
-  "$CXX" $FLAGS -I"$ROOT/csrc" "$ROOT/tests/fuzz/$target.cpp" $CORE $KOBJS -o "$OUT/$target" $JPEG_LIBS $PNG_LIBS
+  "$CXX" $FLAGS -I"$ROOT/csrc" "$ROOT/tests/fuzz/$target.cpp" $CORE $KOBJS -o "$OUT/$target" $JPEG_LIBS $PNG_LIBS &
+  pids="$pids $!"
 done
+for pid in $pids; do wait "$pid"; done
 
 # Seed corpora: a real tar, a real index and small images, made by the Python helper if available.
 for target in fuzz_tar fuzz_index fuzz_decode; do mkdir -p "$OUT/corpus/$target"; done
@@ -61,12 +66,20 @@ if command -v python3 >/dev/null && python3 -c "import PIL" 2>/dev/null; then
 fi
 
 status=0
-for target in fuzz_tar fuzz_index fuzz_decode; do
+pids=""
+for target in $TARGETS; do
   echo "== running $target for ${SECONDS_EACH}s"
-  if ! "$OUT/$target" "$OUT/corpus/$target" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 \
-      -print_final_stats=1 2>"$OUT/$target.log"; then
+  "$OUT/$target" "$OUT/corpus/$target" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 \
+    -print_final_stats=1 2>"$OUT/$target.log" &
+  pids="$pids $!"
+done
+set -- $pids
+for target in $TARGETS; do
+  if ! wait "$1"; then
     echo "!! $target failed; see $OUT/$target.log"; tail -40 "$OUT/$target.log"; status=1
   fi
+  shift
+  echo "== $target"
   grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$OUT/$target.log" || true
 done
 exit $status
