@@ -43,12 +43,35 @@ def load_native():
     return _C, info
 
 
-def native_op(name: str, area: str, prefix: str = "torchspeed"):
-    """``torch.ops.torchspeed.<name>``, or a clear error naming the CMake option of the ``area``
-    that registers it when this build left that area out."""
+class AreaNotBuiltError(ImportError):
+    """A torchspeed area (``dist``, ``quant``, ``prune``, ``data``, ...) that this build left out
+    was used. The message names the CMake option that builds it."""
+
+
+def area_not_built(what: str, area: str) -> AreaNotBuiltError:
+    """The one "area not built" error: ``what`` is the public name the user called."""
+    option = f"TORCHSPEED_WITH_{area.upper()}"
+    return AreaNotBuiltError(
+        f"{what}: torchspeed was built without the {area} area ({option}=OFF); rebuild with "
+        f"{option}=ON (pip: {option}=ON pip install --no-build-isolation .)"
+    )
+
+
+def native_module(area: str, what: str = ""):
+    """``torchspeed._C.<area>``: the area's pybind11 classes, or the one "area not built" error."""
+    from . import _C  # the loaded native module (this file is what loads it, see load_native)
+
+    module = getattr(_C, area, None)
+    if module is None:
+        raise area_not_built(what or f"torchspeed.{area}", area)
+    return module
+
+
+def native_op(name: str, area: str, what: str = ""):
+    """``torch.ops.torchspeed.<name>``, or the one "area not built" error naming the CMake option
+    of the ``area`` that registers it. ``what`` is the public name (default
+    ``torchspeed.<name>``)."""
     op = getattr(torch.ops.torchspeed, name, None)
     if op is None:
-        raise RuntimeError(
-            f"{prefix}.{name}: built without the {area} area (TORCHSPEED_WITH_{area.upper()}=OFF)"
-        )
+        raise area_not_built(what or f"torchspeed.{name}", area)
     return op

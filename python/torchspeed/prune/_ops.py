@@ -15,7 +15,7 @@ from torchspeed._native import native_op
 
 
 def _op(name: str):
-    return native_op(name, "prune", prefix="torchspeed.prune")
+    return native_op(name, "prune", what=f"torchspeed.prune.{name}")
 
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
