@@ -1,74 +1,20 @@
-"""Typed Python wrappers of torchspeed's tensor ops (torch.ops.torchspeed.*)."""
+"""Every area's typed op wrappers in one namespace (torch.ops.torchspeed.* with docstrings).
 
-from typing import NamedTuple, Optional, Sequence
+Each area keeps its wrappers in ``torchspeed/<area>/_ops.py``; this module indexes them. An op of
+an area this build left out raises the one "area not built" error when called.
+"""
 
-import torch
+from .dist._ops import scale_cast_
+from .optim._ops import GradStats, grad_stats
+from .prune._ops import apply_mask_, magnitude_mask, nm_mask, pack_mask, unpack_mask
 
-
-class GradStats(NamedTuple):
-    """float32 tensors on the inputs' device."""
-
-    total_norm: torch.Tensor  #: 0-dim: L2 norm over all elements of all tensors
-    per_tensor_norms: torch.Tensor  #: [len(tensors)] when per_tensor=True, else [0]
-    found_inf: torch.Tensor  #: 0-dim: 1.0 if any element was inf or NaN, else 0.0
-
-
-def grad_stats(
-    tensors: Sequence[torch.Tensor],
-    inv_scale: Optional[torch.Tensor] = None,
-    per_tensor: bool = False,
-) -> GradStats:
-    """Global L2 norm, optional per-tensor norms and a found-non-finite flag, in one pass.
-
-    Args:
-        tensors: dense float32/float64/bfloat16/float16 tensors on one device, any sizes. An
-            empty list gives norm 0 and found_inf 0 (on CPU, or on inv_scale's device).
-        inv_scale: optional one-element float32 tensor. When given, every tensor is multiplied by
-            it in place (AMP unscale) in the same pass, the norms are of the unscaled values, and
-            the non-finite check looks at the values before unscaling (as GradScaler does).
-        per_tensor: also return each tensor's norm.
-
-    On CUDA nothing synchronises with the host. Accumulation is in fp32 per lane and float64
-    across chunks. On CPU the result is deterministic for a given input and thread count; on
-    CUDA the per-block partial sums are added with float64 atomics, so the last bits of a norm
-    may differ between runs (the non-finite flag never does).
-    """
-    tensors = list(tensors)
-    if not tensors:
-        # No tensor for the dispatcher to choose a kernel by: answer as
-        # torch.nn.utils.clip_grad_norm_([]) does (norm 0, nothing non-finite).
-        device = torch.device("cpu")
-        if inv_scale is not None:
-            if inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
-                raise RuntimeError(
-                    "torchspeed.grad_stats_unscale_: inv_scale must be a one-element float32 "
-                    f"tensor, got {inv_scale.dtype} of shape {list(inv_scale.shape)}"
-                )
-            device = inv_scale.device
-        zero = torch.zeros((), dtype=torch.float32, device=device)
-        return GradStats(zero, torch.zeros(0, dtype=torch.float32, device=device), zero.clone())
-    if inv_scale is None:
-        out = torch.ops.torchspeed.grad_stats(tensors, per_tensor)
-    else:
-        out = torch.ops.torchspeed.grad_stats_unscale_(tensors, inv_scale, per_tensor)
-    return GradStats(*out)
-
-
-def scale_cast_(out: torch.Tensor, src: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """``out = src * scale``, rounded once into ``out``'s dtype; returns ``out``.
-
-    The gradient reducer's one pass over a bucket (torchspeed.dist): the division by the world
-    size fused with the bf16/fp16 compression cast, and the widening back after the all-reduce.
-    Both tensors contiguous with the same number of elements on one device; dtypes float32,
-    bfloat16 and float16 in any combination, or float64 into float64. ``out`` may be ``src``
-    itself (in place). CPU (SIMD, every ISA) and CUDA (no host synchronisation).
-    """
-    if not hasattr(torch.ops.torchspeed, "scale_cast_"):
-        raise RuntimeError(
-            "torchspeed.scale_cast_: built without the dist area (TORCHSPEED_WITH_DIST=OFF)"
-        )
-    torch.ops.torchspeed.scale_cast_(out, src, float(scale))
-    return out
-
-
-__all__ = ["GradStats", "grad_stats", "scale_cast_"]
+__all__ = [
+    "GradStats",
+    "grad_stats",
+    "scale_cast_",
+    "pack_mask",
+    "unpack_mask",
+    "apply_mask_",
+    "nm_mask",
+    "magnitude_mask",
+]

@@ -112,7 +112,9 @@ class AccumulatingDDP(nn.Module):
         super().__init__()
         name = "torchspeed.dist.AccumulatingDDP"
         if not isinstance(module, nn.Module):
-            raise TypeError(f"{name}: module must be a torch.nn.Module, got {type(module).__name__}")
+            raise TypeError(
+                f"{name}: module must be a torch.nn.Module, got {type(module).__name__}"
+            )
         if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int):
             raise TypeError(
                 f"{name}: accumulation_steps must be an int >= 1, got {accumulation_steps!r}"
@@ -136,8 +138,10 @@ class AccumulatingDDP(nn.Module):
         params = list(module.parameters())
         if device_ids is not None:
             devices = {p.device for p in params}
-            wanted = {torch.device(d) if not isinstance(d, int) else torch.device("cuda", d)
-                      for d in device_ids}
+            wanted = {
+                torch.device(d) if not isinstance(d, int) else torch.device("cuda", d)
+                for d in device_ids
+            }
             if not devices <= wanted:
                 raise ValueError(
                     f"{name}: device_ids {device_ids} do not hold the module's params (on "
@@ -296,8 +300,10 @@ def _as_process_group(group, name):
 
     if isinstance(group, C10dBackend):
         pg = dist.ProcessGroup(dist.HashStore(), group.rank(), group.size())
-        kind = {"gloo": dist.ProcessGroup.BackendType.GLOO,
-                "nccl": dist.ProcessGroup.BackendType.NCCL}.get(group.name().lower())
+        kind = {
+            "gloo": dist.ProcessGroup.BackendType.GLOO,
+            "nccl": dist.ProcessGroup.BackendType.NCCL,
+        }.get(group.name().lower())
         if kind is None:
             raise TypeError(f"{name}: process_group backend {group.name()!r} is not gloo or nccl")
         pg._set_default_backend(kind)
@@ -325,7 +331,9 @@ def _strip_module_prefix(module, state_dict, prefix, local_metadata):
                 metadata[prefix + key[len(old) :]] = metadata.pop(key)
 
 
-def _add_module_prefix(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errs):
+def _add_module_prefix(
+    module, state_dict, prefix, local_metadata, strict, missing, unexpected, errs
+):
     # Keys arrive plain (ours, or the bare model's) or with torch DDP's "module." prefix; the
     # wrapped module sits under "module." here.
     for key in list(state_dict.keys()):

@@ -15,8 +15,9 @@ from typing import Any, Dict, Iterable, List, Optional
 import torch
 from torch.optim import Optimizer
 
-from .. import _C, ops
+from .. import _C
 from ..profile import ranges as _profile_ranges
+from ._ops import grad_stats
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _now_ns = _C.profile.now_ns  # the one clock (step_stats["seconds"])
@@ -393,7 +394,7 @@ class FusedOptimizer(Optimizer):
         grads = [p.grad for p in group["params"] if p.grad is not None]
         if not grads:
             return None
-        norm = ops.grad_stats(grads).total_norm
+        norm = grad_stats(grads).total_norm
         if grad_scale is not None:
             norm = norm / grad_scale.to(norm.device)  # norm of the unscaled grads
         return torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0).reshape(1)

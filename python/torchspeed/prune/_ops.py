@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from torchspeed._native import native_op
+from .._native import native_op
 
 
 def _op(name: str):
