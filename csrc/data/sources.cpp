@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/atomic_file.h"
 #include "core/clock.h"
 #include "core/utf8.h"
 #include "data/mapped_file.h"
@@ -548,20 +549,7 @@ int64_t write_shard_index(const std::string& shard, const std::function<bool()>&
   }
   const std::string bytes = idx.serialize();
   // Written next to the final name and renamed, so a reader never sees half an index.
-  const std::string final_path = shard + ".idx", tmp_path = final_path + ".tmp";
-  {
-    std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) {
-      std::remove(tmp_path.c_str());
-      throw std::runtime_error("torchspeed.data: cannot write '" + tmp_path + "'");
-    }
-  }
-  if (std::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
-    std::remove(tmp_path.c_str());
-    throw std::runtime_error("torchspeed.data: cannot write '" + final_path + "'");
-  }
+  torchspeed::atomic_write_file(shard + ".idx", bytes, "torchspeed.data.write_shard_index");
   return static_cast<int64_t>(idx.samples.size());
 }
 

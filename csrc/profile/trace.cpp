@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/utf8.h"
 #include "torchspeed/profile/profile.h"
 
@@ -163,19 +163,9 @@ void write_chrome_trace(const std::string& path, const StepProfiler* profiler,
   out += clock_source();
   out += "\",\"clock_domain\":\"CLOCK_MONOTONIC\",\"dropped_events\":" +
          std::to_string(dropped_events()) + "}}\n";
-  // Written beside the target and renamed over it: a reader never sees half a trace.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw std::runtime_error("torchspeed.profile: cannot write trace file '" + tmp + "'");
-    f.write(out.data(), static_cast<std::streamsize>(out.size()));
-    f.flush();
-    if (!f) throw std::runtime_error("torchspeed.profile: failed writing trace file '" + tmp + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("torchspeed.profile: cannot rename trace file to '" + path + "'");
-  }
+  // Written beside the target and renamed over it: a reader never sees half a trace, and a
+  // device node or FIFO at `path` is refused rather than replaced.
+  torchspeed::atomic_write_file(path, out, "torchspeed.profile.export_chrome_trace");
 }
 
 }  // namespace torchspeed::profile

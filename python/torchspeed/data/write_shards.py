@@ -42,6 +42,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+from .._atomic import check_target, replace_file
+
 _WHO = "torchspeed.data.write_shards"
 
 # torchvision's ImageFolder extensions, so that a folder gives the same samples as ImageFolder.
@@ -194,10 +196,13 @@ class _Staging:
                     os.remove(path)
                 elif name.startswith(_STAGING_PREFIX) and path != self.dir and os.path.isdir(path):
                     shutil.rmtree(path, ignore_errors=True)  # left by a killed run
+        names = sorted(os.listdir(self.dir))
+        for name in names:  # every destination checked before the first file moves
+            check_target(os.path.join(self.out_dir, name), _WHO)
         moved = []
-        for name in sorted(os.listdir(self.dir)):
+        for name in names:
             dst = os.path.join(self.out_dir, name)
-            os.replace(os.path.join(self.dir, name), dst)
+            replace_file(os.path.join(self.dir, name), dst, who=_WHO)
             moved.append(dst)
         os.rmdir(self.dir)
         return moved

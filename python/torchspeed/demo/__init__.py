@@ -23,7 +23,10 @@ import sys
 import time
 from typing import List, Optional
 
+from .._atomic import atomic_write
+
 __all__ = ["main"]
+_WHO = "torchspeed demo"
 
 DEFAULTS = {  # (steps, batch size, image size): "full" fits 5 minutes on 2 cores, first run included
     "full": (300, 64, 64),
@@ -216,10 +219,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     rec = report.record(
         results, cfg, manifest, total_s, argv if argv is not None else sys.argv[1:], warmup_s
     )
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(rec, f, indent=1)
-    with open(os.path.join(out, "report.txt"), "w") as f:
-        f.write(text + "\n\nThe doctor on the baseline run:\n" + results[0].report + "\n")
+    atomic_write(os.path.join(out, "summary.json"), json.dumps(rec, indent=1), who=_WHO)
+    atomic_write(
+        os.path.join(out, "report.txt"),
+        text + "\n\nThe doctor on the baseline run:\n" + results[0].report + "\n",
+        who=_WHO,
+    )
     png = report.write_png(results, os.path.join(out, "demo.png"))
     print()
     print(

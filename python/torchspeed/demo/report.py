@@ -7,6 +7,7 @@ import platform
 import time
 from typing import Optional, Sequence
 
+from .._atomic import atomic_write
 from ..profile.summary import PHASES
 
 _SHOWN_PHASES = ("data_wait", "h2d", "forward", "backward", "optimizer", "other")
@@ -270,6 +271,8 @@ def write_png(results: Sequence, path: str) -> Optional[str]:
     ax2.set_title("Where the time goes")
     ax2.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), who="torchspeed demo")
+    finally:
+        plt.close(fig)
     return path

@@ -17,6 +17,7 @@ import runpy
 import sys
 from typing import Iterator, List, Optional
 
+from .._atomic import atomic_write
 from .step import StepProfiler
 
 
@@ -88,13 +89,13 @@ def write_outputs(
         return paths
     text = prof.report(summary)
     paths["report"] = os.path.join(out, "report.txt")
-    with open(paths["report"], "w") as f:
-        f.write(text + "\n")
+    atomic_write(paths["report"], text + "\n", who="torchspeed.profile.doctor")
     paths["summary"] = os.path.join(out, "summary.json")
-    with open(paths["summary"], "w") as f:
-        d = dataclasses.asdict(summary)
-        d["findings"] = [dataclasses.asdict(x) for x in prof.advice(summary)]
-        json.dump(d, f, indent=1, default=str)
+    d = dataclasses.asdict(summary)
+    d["findings"] = [dataclasses.asdict(x) for x in prof.advice(summary)]
+    atomic_write(
+        paths["summary"], json.dumps(d, indent=1, default=str), who="torchspeed.profile.doctor"
+    )
     if png:
         p = prof.write_png(os.path.join(out, "steps.png"))
         if p:

@@ -17,6 +17,7 @@ import textwrap
 import warnings
 from typing import List, Optional, Sequence
 
+from .._atomic import atomic_write
 from .summary import PHASES, Finding, StepHistory, StepSummary
 
 #: Width of the share bar at 100 %, in characters.
@@ -270,7 +271,10 @@ def write_png(history: StepHistory, path, title: Optional[str] = None) -> Option
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    # To exactly `path` (savefig on a name would add ".png" to one without a suffix), atomically.
+    atomic_write(
+        path, lambda f: fig.savefig(f, format="png", dpi=100), who="torchspeed.profile.write_png"
+    )
     return path
 
 
