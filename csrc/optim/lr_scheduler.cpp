@@ -65,20 +65,23 @@ std::optional<torch::Tensor>* lr_tensor_of(torch::optim::OptimizerOptions& o) {
 }  // namespace
 
 void validate(const WarmupLROptions& o) {
-  TORCH_CHECK(o.warmup_steps() >= 0, kName, ": warmup_steps must be >= 0, got ", o.warmup_steps());
-  TORCH_CHECK(o.total_steps() >= o.warmup_steps(), kName, ": total_steps must be >= warmup_steps (",
-              o.warmup_steps(), "), got ", o.total_steps());
-  TORCH_CHECK(o.warmup() == "linear" || o.warmup() == "exponential", kName,
-              ": warmup must be 'linear' or 'exponential', got '", o.warmup(), "'");
-  TORCH_CHECK(o.decay() == "cosine" || o.decay() == "linear" || o.decay() == "constant", kName,
-              ": decay must be 'cosine', 'linear' or 'constant', got '", o.decay(), "'");
+  TORCH_CHECK_VALUE(o.warmup_steps() >= 0, kName, ": warmup_steps must be >= 0, got ",
+                    o.warmup_steps());
+  TORCH_CHECK_VALUE(o.total_steps() >= o.warmup_steps(), kName,
+                    ": total_steps must be >= warmup_steps (", o.warmup_steps(), "), got ",
+                    o.total_steps());
+  TORCH_CHECK_VALUE(o.warmup() == "linear" || o.warmup() == "exponential", kName,
+                    ": warmup must be 'linear' or 'exponential', got '", o.warmup(), "'");
+  TORCH_CHECK_VALUE(o.decay() == "cosine" || o.decay() == "linear" || o.decay() == "constant",
+                    kName, ": decay must be 'cosine', 'linear' or 'constant', got '", o.decay(),
+                    "'");
   const bool exp = o.warmup() == "exponential";
-  TORCH_CHECK(std::isfinite(o.start_factor()) &&
-                  (exp ? o.start_factor() > 0 : o.start_factor() >= 0) && o.start_factor() <= 1,
-              kName, ": start_factor must be in ", exp ? "(0, 1]" : "[0, 1]", ", got ",
-              o.start_factor());
-  TORCH_CHECK(std::isfinite(o.eta_min()) && o.eta_min() >= 0, kName,
-              ": eta_min must be finite and >= 0, got ", o.eta_min());
+  TORCH_CHECK_VALUE(
+      std::isfinite(o.start_factor()) && (exp ? o.start_factor() > 0 : o.start_factor() >= 0) &&
+          o.start_factor() <= 1,
+      kName, ": start_factor must be in ", exp ? "(0, 1]" : "[0, 1]", ", got ", o.start_factor());
+  TORCH_CHECK_VALUE(std::isfinite(o.eta_min()) && o.eta_min() >= 0, kName,
+                    ": eta_min must be finite and >= 0, got ", o.eta_min());
 }
 
 double warmup_lr(int64_t t, double base_lr, const WarmupLROptions& o) {
@@ -94,15 +97,20 @@ at::Tensor warmup_lr(const at::Tensor& t, double base_lr, const WarmupLROptions&
 
 double scaled_lr(double reference_lr, int64_t reference_batch_size, int64_t batch_size,
                  const std::string& rule) {
-  TORCH_CHECK(reference_batch_size > 0 && batch_size > 0,
-              "torchspeed.optim.lr_scheduler.scaled_lr: batch sizes must be > 0, got ",
-              reference_batch_size, " and ", batch_size);
+  TORCH_CHECK_VALUE(
+      std::isfinite(reference_lr) && reference_lr >= 0,
+      "torchspeed.optim.lr_scheduler.scaled_lr: reference_lr must be finite and >= 0, "
+      "got ",
+      reference_lr);
+  TORCH_CHECK_VALUE(reference_batch_size > 0 && batch_size > 0,
+                    "torchspeed.optim.lr_scheduler.scaled_lr: batch sizes must be > 0, got ",
+                    reference_batch_size, " and ", batch_size);
   const double ratio = static_cast<double>(batch_size) / static_cast<double>(reference_batch_size);
   if (rule == "linear") return reference_lr * ratio;
-  TORCH_CHECK(rule == "sqrt",
-              "torchspeed.optim.lr_scheduler.scaled_lr: rule must be 'linear' or "
-              "'sqrt', got '",
-              rule, "'");
+  TORCH_CHECK_VALUE(rule == "sqrt",
+                    "torchspeed.optim.lr_scheduler.scaled_lr: rule must be 'linear' or "
+                    "'sqrt', got '",
+                    rule, "'");
   return reference_lr * std::sqrt(ratio);
 }
 
@@ -121,7 +129,7 @@ void WarmupLR::step() {
 }
 
 void WarmupLR::set_last_step(int64_t t) {
-  TORCH_CHECK(t >= 0, kName, ": the step must be >= 0, got ", t);
+  TORCH_CHECK_VALUE(t >= 0, kName, ": the step must be >= 0, got ", t);
   t_ = t;
   if (t_tensor_.defined()) t_tensor_.fill_(static_cast<double>(t_));
   apply();

@@ -14,6 +14,7 @@ whose peak resident memory (VmHWM, reset before each try) passes it counts as ou
 from __future__ import annotations
 
 import gc
+import numbers
 from typing import Callable, Optional
 
 import torch
@@ -21,13 +22,21 @@ import torch
 _NAME = "torchspeed.tune.max_batch_size"
 
 
+# The exact text of torch's CPU allocator when malloc fails (it raises a plain RuntimeError, not
+# torch.OutOfMemoryError): c10/core/impl/alloc_cpu.cpp.
+_CPU_ALLOCATOR_OOM = (
+    "DefaultCPUAllocator: can't allocate memory",
+    "DefaultCPUAllocator: not enough memory",
+)
+
+
 def _is_oom(e: BaseException) -> bool:
+    """A real out-of-memory only: torch.OutOfMemoryError (CUDA, and the CPU allocator in newer
+    torch), MemoryError, or the CPU allocator's own failure. Another error that merely mentions
+    memory ("index out of memory map range") is the step's bug and propagates."""
     if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
         return True
-    msg = str(e).lower()
-    return isinstance(e, RuntimeError) and (
-        "out of memory" in msg or "can't allocate memory" in msg or "cannot allocate memory" in msg
-    )
+    return type(e) is RuntimeError and any(m in str(e) for m in _CPU_ALLOCATOR_OOM)
 
 
 def _free(device: Optional[str]) -> None:
@@ -56,6 +65,14 @@ def peak_rss_bytes() -> int:
     raise OSError("no VmHWM in /proc/self/status")
 
 
+def _int_arg(value, name: str, low: int, low_text: Optional[str] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{_NAME}: {name} must be an int, got {value!r}")
+    if value < low:
+        raise ValueError(f"{_NAME}: {name} must be an int >= {low_text or low}, got {value!r}")
+    return int(value)
+
+
 def max_batch_size(
     step_fn: Callable[[int], object],
     start: int = 1,
@@ -67,17 +84,21 @@ def max_batch_size(
     """The largest batch size in [start, limit] for which ``step_fn(batch_size)`` runs without
     running out of memory: ``start`` doubles until a try fails (or ``limit`` is reached), then a
     binary search between the last size that fitted and the first that did not. Memory is freed
-    between tries. Raises RuntimeError when even ``start`` does not fit; other exceptions of
-    ``step_fn`` propagate."""
-    if isinstance(start, bool) or not isinstance(start, int) or start < 1:
-        raise ValueError(f"{_NAME}: start must be an int >= 1, got {start!r}")
-    if limit is not None and (
-        isinstance(limit, bool) or not isinstance(limit, int) or limit < start
-    ):
-        raise ValueError(f"{_NAME}: limit must be an int >= start ({start}), got {limit!r}")
+    between tries. Raises RuntimeError when even ``start`` does not fit.
+
+    Only a real out-of-memory counts as "does not fit": torch.OutOfMemoryError, MemoryError, the
+    CPU allocator's failure, or a peak RSS above ``rss_limit_bytes``. Every other exception of
+    ``step_fn`` propagates, even one whose message mentions memory."""
+    if not callable(step_fn):
+        raise TypeError(f"{_NAME}: step_fn must be callable, got {type(step_fn).__name__}")
+    start = _int_arg(start, "start", 1)
+    if limit is not None:
+        limit = _int_arg(limit, "limit", start, f"start ({start})")
+    max_tries = _int_arg(max_tries, "max_tries", 1)
+    if not isinstance(verbose, bool):
+        raise TypeError(f"{_NAME}: verbose must be a bool, got {verbose!r}")
     if rss_limit_bytes is not None:
-        if rss_limit_bytes <= 0:
-            raise ValueError(f"{_NAME}: rss_limit_bytes must be > 0, got {rss_limit_bytes!r}")
+        rss_limit_bytes = _int_arg(rss_limit_bytes, "rss_limit_bytes", 1)
         if not _reset_peak_rss():
             raise RuntimeError(f"{_NAME}: rss_limit_bytes needs Linux's /proc/self/clear_refs")
     tries = 0
