@@ -560,3 +560,29 @@ def test_manager_steps_and_arguments(tmp_path):
         ckpt.CheckpointManager(tmp_path, prefix="../x")
     with pytest.raises(TypeError, match="path must be a str or os.PathLike"):
         ckpt.CheckpointManager(None)
+
+
+def test_a_format_1_file_with_numpy_rng_loads_only_when_trusted(tmp_path):
+    """Files written before weights_only loading hold numpy's state as a pickled array."""
+    np.random.seed(5)
+    legacy = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    legacy["numpy"] = np.random.get_state()
+    want = np.random.rand(4)
+    _write_crafted(tmp_path / "old.pt", {"format": 1, "states": {}, "extra": {}, "rng": legacy})
+    with pytest.raises(ckpt.CheckpointError, match="trusted=True"):
+        ckpt.load(tmp_path / "old.pt")
+    np.random.seed(6)
+    ckpt.load(tmp_path / "old.pt", trusted=True)
+    assert np.array_equal(np.random.rand(4), want)
+    _write_crafted(tmp_path / "new.pt", {"format": 3, "states": {}, "extra": {}})
+    with pytest.raises(ckpt.CheckpointError, match="has format 3, newer than"):
+        ckpt.load(tmp_path / "new.pt")
+    with pytest.raises(ckpt.CheckpointError, match="not hold a torchspeed checkpoint payload"):
+        _write_crafted(tmp_path / "bad.pt", [1, 2])
+        ckpt.load(tmp_path / "bad.pt")
+    bad_rng = {"format": 2, "states": {}, "extra": {}, "rng": {"torch": torch.zeros(3)}}
+    _write_crafted(tmp_path / "rng.pt", bad_rng)
+    before = torch.get_rng_state()
+    with pytest.raises(ValueError, match="rng must be a dict with 'torch' and 'python'"):
+        ckpt.load(tmp_path / "rng.pt")
+    assert torch.equal(before, torch.get_rng_state())
