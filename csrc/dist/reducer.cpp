@@ -19,6 +19,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -36,21 +37,117 @@ at::ScalarType parse_compression(const std::string& c) {
   if (c == "none" || c.empty()) return at::kFloat;
   if (c == "bf16" || c == "bfloat16") return at::kBFloat16;
   if (c == "fp16" || c == "float16") return at::kHalf;
-  TORCH_CHECK(false, kName, ": compression must be 'none', 'bf16' or 'fp16', got '", c, "'");
+  TORCH_CHECK_VALUE(false, kName, ": compression must be 'none', 'bf16' or 'fp16', got '", c, "'");
+}
+
+// A bucket cap in MiB, as bytes: finite and > 0 (validate), at most 2^62 bytes (a huge cap means
+// one bucket per dtype and device, without overflowing the conversion).
+int64_t cap_to_bytes(double mb) {
+  return static_cast<int64_t>(std::min(mb * 1024.0 * 1024.0, 4.611686018427388e18));
+}
+
+// ---- the cross-rank consistency check ----------------------------------------------------------
+// One row of int64 per rank, summed by one all-reduce (each rank fills only its own row): the
+// counts, the options that shape the collectives, and a hash of every tensor's description. Only
+// when the rows differ does a second all-reduce gather the descriptions themselves, to name the
+// first tensor that differs; every rank computes the same message and raises it.
+
+enum HeaderField : int64_t {
+  kParams,
+  kBuffers,
+  kAccumulationSteps,
+  kBucketCap,
+  kFirstBucketCap,
+  kCompression,
+  kFindUnused,
+  kBroadcastBuffers,
+  kDescriptionHash,
+  kHeaderFields
+};
+constexpr const char* kHeaderNames[] = {"the number of parameters",
+                                        "the number of buffers",
+                                        "accumulation_steps",
+                                        "bucket_cap_mb",
+                                        "first_bucket_cap_mb",
+                                        "compression",
+                                        "find_unused_parameters",
+                                        "broadcast_buffers",
+                                        ""};
+constexpr int64_t kMaxDims = 8;
+// dtype, device type, requires_grad, ndim, sizes (the 8th folds any further dims in).
+constexpr int64_t kDescriptionFields = 4 + kMaxDims;
+
+int64_t double_bits(double v) {
+  int64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+}
+
+double bits_double(int64_t bits) {
+  double v = 0;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+void describe(const at::Tensor& t, int64_t* d) {
+  d[0] = static_cast<int64_t>(t.scalar_type());
+  d[1] = static_cast<int64_t>(t.device().type());
+  d[2] = t.requires_grad() ? 1 : 0;
+  d[3] = t.dim();
+  for (int64_t i = 0; i < kMaxDims; ++i) d[4 + i] = i < t.dim() ? t.size(i) : 0;
+  for (int64_t i = kMaxDims; i < t.dim(); ++i) d[4 + kMaxDims - 1] *= t.size(i);
+}
+
+std::string description_text(const int64_t* d, bool is_param) {
+  std::ostringstream o;
+  o << c10::toString(static_cast<at::ScalarType>(d[0])) << " [";
+  for (int64_t i = 0; i < std::min(d[3], kMaxDims); ++i) o << (i ? ", " : "") << d[4 + i];
+  o << (d[3] > kMaxDims ? ", ...]" : "]");
+  if (static_cast<c10::DeviceType>(d[1]) != c10::DeviceType::CPU) {
+    o << " on " << c10::DeviceTypeName(static_cast<c10::DeviceType>(d[1]), /*lower_case=*/true);
+  }
+  o << (d[2] || !is_param ? "" : " (requires_grad=False)");
+  return o.str();
+}
+
+std::string header_value_text(int64_t field, int64_t v) {
+  switch (field) {
+    case kBucketCap:
+    case kFirstBucketCap: {
+      std::ostringstream o;
+      o << bits_double(v);
+      return o.str();
+    }
+    case kCompression:
+      return v == static_cast<int64_t>(at::kBFloat16) ? "'bf16'"
+             : v == static_cast<int64_t>(at::kHalf)   ? "'fp16'"
+                                                      : "None";
+    case kFindUnused:
+    case kBroadcastBuffers:
+      return v ? "True" : "False";
+    default:
+      return std::to_string(v);
+  }
+}
+
+// Every option's value, before anything is built or communicated (ValueError in Python).
+void validate(const DDPOptions& o) {
+  TORCH_CHECK_VALUE(o.accumulation_steps() >= 1, kName, ": accumulation_steps must be >= 1, got ",
+                    o.accumulation_steps());
+  TORCH_CHECK_VALUE(o.bucket_cap_mb() > 0 && std::isfinite(o.bucket_cap_mb()), kName,
+                    ": bucket_cap_mb must be finite and > 0, got ", o.bucket_cap_mb());
+  TORCH_CHECK_VALUE(o.first_bucket_cap_mb() > 0 && std::isfinite(o.first_bucket_cap_mb()), kName,
+                    ": first_bucket_cap_mb must be finite and > 0, got ", o.first_bucket_cap_mb());
 }
 
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers,
-                 c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options)
+                 c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options,
+                 std::vector<std::string> param_names, std::vector<std::string> buffer_names)
     : group_(std::move(group)), options_(std::move(options)), buffers_(std::move(buffers)) {
-  TORCH_CHECK(group_, kName, ": process_group must be a c10d ProcessGroup, got None");
-  TORCH_CHECK(options_.accumulation_steps() >= 1, kName, ": accumulation_steps must be >= 1, got ",
-              options_.accumulation_steps());
-  TORCH_CHECK(options_.bucket_cap_mb() > 0, kName, ": bucket_cap_mb must be > 0, got ",
-              options_.bucket_cap_mb());
-  TORCH_CHECK(options_.first_bucket_cap_mb() > 0, kName, ": first_bucket_cap_mb must be > 0, got ",
-              options_.first_bucket_cap_mb());
+  TORCH_CHECK_TYPE(group_, kName, ": process_group must be a c10d ProcessGroup, got None");
+  validate(options_);
   wire_dtype_ = parse_compression(options_.compression());
   rank_ = group_->getRank();
   world_ = group_->getSize();
@@ -66,6 +163,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers
     TORCH_CHECK(p.layout() == at::kStrided, kName, ": params[", i,
                 "] must be a dense (strided) tensor, got layout ", p.layout());
     all_params_.push_back(p);
+    param_names_.push_back(i < param_names.size() && !param_names[i].empty()
+                               ? "params[" + std::to_string(i) + "] (" + param_names[i] + ")"
+                               : "params[" + std::to_string(i) + "]");
     if (!p.requires_grad()) continue;
     TORCH_CHECK(p.is_leaf(), kName, ": params[", i,
                 "] must be a leaf tensor (a module parameter), got one computed from others");
@@ -78,7 +178,13 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers
   for (size_t i = 0; i < buffers_.size(); ++i) {
     TORCH_CHECK(buffers_[i].defined() && buffers_[i].layout() == at::kStrided, kName, ": buffers[",
                 i, "] must be a dense tensor");
+    buffer_names_.push_back(i < buffer_names.size() && !buffer_names[i].empty()
+                                ? "buffers[" + std::to_string(i) + "] (" + buffer_names[i] + ")"
+                                : "buffers[" + std::to_string(i) + "]");
   }
+  // Before the first collective that depends on the model: a rank with another model would
+  // otherwise feed Gloo/NCCL buffers of other sizes (Gloo aborts the process).
+  if (world_ > 1) verify_same_model_and_options();
   broadcast_all_from_rank0();
   build_buckets();
   install_hooks();
@@ -100,6 +206,91 @@ Reducer::~Reducer() {
 // ---- construction
 // ---------------------------------------------------------------------------------
 
+void Reducer::verify_same_model_and_options() {
+  const int64_t n_params = static_cast<int64_t>(all_params_.size());
+  const int64_t n_buffers = static_cast<int64_t>(buffers_.size());
+  std::vector<int64_t> mine(static_cast<size_t>((n_params + n_buffers) * kDescriptionFields));
+  for (int64_t i = 0; i < n_params + n_buffers; ++i) {
+    describe(i < n_params ? all_params_[i] : buffers_[i - n_params], &mine[i * kDescriptionFields]);
+  }
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the descriptions
+  for (int64_t v : mine) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash = (hash ^ ((static_cast<uint64_t>(v) >> (8 * byte)) & 0xff)) * 1099511628211ull;
+    }
+  }
+  at::Tensor rows = at::zeros({world_, kHeaderFields}, at::kLong);
+  int64_t* h = rows.data_ptr<int64_t>() + rank_ * kHeaderFields;
+  h[kParams] = n_params;
+  h[kBuffers] = n_buffers;
+  h[kAccumulationSteps] = options_.accumulation_steps();
+  h[kBucketCap] = double_bits(options_.bucket_cap_mb());
+  h[kFirstBucketCap] = double_bits(options_.first_bucket_cap_mb());
+  h[kCompression] = static_cast<int64_t>(wire_dtype_);
+  h[kFindUnused] = options_.find_unused_parameters();
+  h[kBroadcastBuffers] = options_.broadcast_buffers();
+  h[kDescriptionHash] = static_cast<int64_t>(hash);
+  const auto sum_rows = [&](at::Tensor t) {
+    std::vector<at::Tensor> tensors{t.to(control_device())};
+    group_->allreduce(tensors)->wait();
+    ++stats_.control_collectives;
+    return tensors[0].cpu();
+  };
+  const at::Tensor all = sum_rows(rows);
+  const int64_t* a = all.data_ptr<int64_t>();
+  const auto row = [&](int64_t r) { return a + r * kHeaderFields; };
+  bool same = true;
+  int64_t min_params = n_params, min_buffers = n_buffers;
+  for (int64_t r = 0; r < world_; ++r) {
+    same = same && std::equal(row(r), row(r) + kHeaderFields, row(0));
+    min_params = std::min(min_params, row(r)[kParams]);
+    min_buffers = std::min(min_buffers, row(r)[kBuffers]);
+  }
+  if (same) return;
+  const std::string prefix = std::string(kName) +
+                             ": every rank must wrap the same model with the "
+                             "same options (as torch's DDP requires), but ";
+  bool any_hash_or_count_differs = false;
+  for (int64_t r = 1; r < world_; ++r) {
+    for (int64_t f : {kParams, kBuffers, kDescriptionHash}) {
+      any_hash_or_count_differs |= row(r)[f] != row(0)[f];
+    }
+  }
+  if (any_hash_or_count_differs) {
+    // Gather the descriptions every rank has (its first min_params params and min_buffers
+    // buffers): the same size on every rank, computed from the rows all of them received.
+    const int64_t n = min_params + min_buffers;
+    at::Tensor d = at::zeros({world_, n * kDescriptionFields}, at::kLong);
+    int64_t* dm = d.data_ptr<int64_t>() + rank_ * n * kDescriptionFields;
+    std::copy(mine.begin(), mine.begin() + min_params * kDescriptionFields, dm);
+    std::copy(mine.begin() + n_params * kDescriptionFields,
+              mine.begin() + (n_params + min_buffers) * kDescriptionFields,
+              dm + min_params * kDescriptionFields);
+    const at::Tensor got = sum_rows(d);
+    const int64_t* g = got.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t* d0 = g + i * kDescriptionFields;
+      for (int64_t r = 1; r < world_; ++r) {
+        const int64_t* dr = g + (r * n + i) * kDescriptionFields;
+        if (std::equal(dr, dr + kDescriptionFields, d0)) continue;
+        // This rank knows the names of its own tensors; the index is the same on every rank.
+        const std::string& what = i < min_params ? param_names_[i] : buffer_names_[i - min_params];
+        const bool is_param = i < min_params;
+        TORCH_CHECK_VALUE(false, prefix, what, " is ", description_text(dr, is_param), " on rank ",
+                          r, " and ", description_text(d0, is_param), " on rank 0");
+      }
+    }
+  }
+  for (int64_t f = 0; f < kDescriptionHash; ++f) {
+    for (int64_t r = 1; r < world_; ++r) {
+      TORCH_CHECK_VALUE(row(r)[f] == row(0)[f], prefix, kHeaderNames[f], " is ",
+                        header_value_text(f, row(r)[f]), " on rank ", r, " and ",
+                        header_value_text(f, row(0)[f]), " on rank 0");
+    }
+  }
+  TORCH_CHECK_VALUE(false, prefix, "the parameters and buffers differ between ranks");
+}
+
 void Reducer::build_buckets() {
   // Reverse parameter order: the last layers' gradients are ready first in backward. One open
   // bucket per (device, dtype); it is closed when adding a param would pass the cap (the first
@@ -108,8 +299,8 @@ void Reducer::build_buckets() {
   std::map<Key, size_t> open;
   std::vector<int64_t> numel_of;  // per bucket
   const auto cap_bytes = [&](size_t bucket_index) {
-    const double mb = bucket_index == 0 ? options_.first_bucket_cap_mb() : options_.bucket_cap_mb();
-    return static_cast<int64_t>(mb * 1024.0 * 1024.0);
+    return cap_to_bytes(bucket_index == 0 ? options_.first_bucket_cap_mb()
+                                          : options_.bucket_cap_mb());
   };
   for (size_t j = slots_.size(); j-- > 0;) {
     Slot& s = slots_[j];
@@ -252,7 +443,10 @@ void Reducer::fill_unready_slot(Slot& s) {
   at::NoGradGuard no_grad;
   if (s.grad_was_undefined) {
     s.view.zero_();
-    if (!options_.find_unused_parameters()) g = s.view;
+    // A param frozen since construction (requires_grad_(False)) keeps .grad None, as in a single
+    // process: an optimizer then leaves it alone (a zero grad would still move it through weight
+    // decay and momentum). Every rank must freeze the same params, as torch's DDP requires.
+    if (!options_.find_unused_parameters() && s.param.requires_grad()) g = s.view;
   } else {
     adopt_grad(s);
   }
@@ -395,8 +589,10 @@ void Reducer::zero_grad() {
 }
 
 at::Tensor Reducer::clip_grad_norm_(double max_norm) {
-  TORCH_CHECK(max_norm > 0 && std::isfinite(max_norm), kName,
-              ".clip_grad_norm_: max_norm must be positive and finite, got ", max_norm);
+  // As torch.nn.utils.clip_grad_norm_: 0 zeroes the gradients, inf only measures the norm. A
+  // negative max_norm (which torch turns into a sign flip) or NaN is refused.
+  TORCH_CHECK_VALUE(max_norm >= 0, kName, ".clip_grad_norm_: max_norm must be >= 0, got ",
+                    max_norm);
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<at::Tensor> flats;
   for (const Bucket& k : buckets_) flats.push_back(k.flat);
@@ -463,7 +659,8 @@ void Reducer::join() {
 
 double Reducer::all_reduce_count(double value) {
   std::lock_guard<std::mutex> lock(mu_);
-  TORCH_CHECK(std::isfinite(value), kName, ".all_reduce_count: value must be finite, got ", value);
+  TORCH_CHECK_VALUE(std::isfinite(value), kName, ".all_reduce_count: value must be finite, got ",
+                    value);
   return control(true, value);
 }
 
@@ -529,14 +726,18 @@ std::vector<at::Tensor> module_buffers(const torch::nn::Module& m) { return m.bu
 }  // namespace
 
 AccumulatingDDP::AccumulatingDDP(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers,
-                                 c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options)
+                                 c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options,
+                                 std::vector<std::string> param_names,
+                                 std::vector<std::string> buffer_names)
     : reducer_(std::make_unique<Reducer>(std::move(params), std::move(buffers), std::move(group),
-                                         std::move(options))) {}
+                                         std::move(options), std::move(param_names),
+                                         std::move(buffer_names))) {}
 
 AccumulatingDDP::AccumulatingDDP(const torch::nn::Module& module,
                                  c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options)
     : AccumulatingDDP(module.parameters(true), module_buffers(module), std::move(group),
-                      std::move(options)) {}
+                      std::move(options), module.named_parameters(true).keys(),
+                      module.named_buffers(true).keys()) {}
 
 AccumulatingDDP::~AccumulatingDDP() = default;
 

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <mutex>
+#include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
@@ -16,7 +17,8 @@ namespace torchspeed::dist {
 class Reducer {
  public:
   Reducer(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers,
-          c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options);
+          c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options,
+          std::vector<std::string> param_names = {}, std::vector<std::string> buffer_names = {});
   ~Reducer();
 
   bool begin_micro_step(bool allow_sync);
@@ -60,6 +62,9 @@ class Reducer {
     bool launched_during_backward = false;
   };
 
+  /// One small all-reduce: the same params, buffers (count, dtype, shape, requires_grad) and
+  /// collective-shaping options on every rank, else a ValueError naming the first difference.
+  void verify_same_model_and_options();
   void build_buckets();
   void install_hooks();
   void on_grad_ready(size_t index);
@@ -87,6 +92,8 @@ class Reducer {
   at::ScalarType wire_dtype_ = at::kFloat;  // kFloat = no compression
   std::vector<at::Tensor> all_params_;      // every param (trainable or not), for broadcasts
   std::vector<at::Tensor> buffers_;
+  std::vector<std::string> param_names_;   // per all_params_ entry, for error messages
+  std::vector<std::string> buffer_names_;  // per buffers_ entry
   std::vector<Slot> slots_;
   std::vector<Bucket> buckets_;
 

@@ -51,7 +51,8 @@ void bind_dist(pybind11::module_& m) {
                        c10::intrusive_ptr<c10d::ProcessGroup> group, int64_t accumulation_steps,
                        double bucket_cap_mb, double first_bucket_cap_mb,
                        const std::string& compression, bool find_unused_parameters,
-                       bool broadcast_buffers) {
+                       bool broadcast_buffers, std::vector<std::string> param_names,
+                       std::vector<std::string> buffer_names) {
              py::gil_scoped_release no_gil;  // construction broadcasts from rank 0
              return std::make_unique<AccumulatingDDP>(
                  std::move(params), std::move(buffers), std::move(group),
@@ -61,12 +62,15 @@ void bind_dist(pybind11::module_& m) {
                      .first_bucket_cap_mb(first_bucket_cap_mb)
                      .compression(compression)
                      .find_unused_parameters(find_unused_parameters)
-                     .broadcast_buffers(broadcast_buffers));
+                     .broadcast_buffers(broadcast_buffers),
+                 std::move(param_names), std::move(buffer_names));
            }),
            py::arg("params"), py::arg("buffers"), py::arg("process_group"),
            py::arg("accumulation_steps") = 1, py::arg("bucket_cap_mb") = 25.0,
            py::arg("first_bucket_cap_mb") = 1.0, py::arg("compression") = "none",
-           py::arg("find_unused_parameters") = false, py::arg("broadcast_buffers") = true)
+           py::arg("find_unused_parameters") = false, py::arg("broadcast_buffers") = true,
+           py::arg("param_names") = std::vector<std::string>{},
+           py::arg("buffer_names") = std::vector<std::string>{})
       .def("begin_micro_step", &AccumulatingDDP::begin_micro_step, py::arg("allow_sync") = true,
            release())
       .def_property_readonly("sync_now", &AccumulatingDDP::sync_now)

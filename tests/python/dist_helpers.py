@@ -146,13 +146,17 @@ def make_optimizer(name, params):
     raise ValueError(name)
 
 
-def reference(case, world, k, steps, mb, dtype, opt_name, clip=None, scaler=False):
+def reference(
+    case, world, k, steps, mb, dtype, opt_name, clip=None, scaler=False, freeze_at=None
+):
     """Single-process training over the same samples: each optimizer step accumulates the loss of
     every (rank, micro-step) chunk divided by world * k, which is the large-batch mean loss."""
     model = Net(dtype)
     opt = make_optimizer(opt_name, model.parameters())
     sc = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
     for step in range(steps):
+        if step == freeze_at:
+            model.l1.weight.requires_grad_(False)
         x, y = window_data(step, world, k, mb, dtype)
         for r in range(world):
             for j in range(k):

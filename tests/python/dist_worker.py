@@ -55,6 +55,7 @@ def train(
     find_unused=False,
     clip=None,
     scaler=False,
+    freeze_at=None,
 ):
     pg = dist.distributed_c10d._get_default_group()
     model = wrapped_net(
@@ -67,6 +68,8 @@ def train(
     sc = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
     micro = []
     for step in range(steps):
+        if step == freeze_at:  # frozen after wrapping, on every rank
+            model.module.l1.weight.requires_grad_(False)
         x, y = window_data(step, WORLD, k, mb, dtype)
         for j in range(k):
             s0 = seq(pg)
@@ -91,6 +94,7 @@ def train(
                 }
             )
         assert model.sync_now, "the window's last micro-step must report sync_now"
+        grad_is_none = {n: p.grad is None for n, p in model.module.named_parameters()}
         if sc:
             sc.unscale_(opt)
         if clip:
@@ -104,6 +108,7 @@ def train(
     st = model.stats()
     return model, {
         "params": {n: p.detach().clone() for n, p in model.module.named_parameters()},
+        "grad_is_none": grad_is_none,  # at the last optimizer step
         "micro": micro,
         "stats": st,
         "grads_none_after_unused_window": None,
@@ -218,6 +223,67 @@ def kill_case(steps=6, k=2):
         opt.zero_grad()
 
 
+def _differing_models():
+    """(case, make the module, extra wrapper options) per case: rank 1 differs from rank 0 in one
+    thing each, and construction must raise the same ValueError on every rank (never abort)."""
+    r = RANK
+
+    def seq_net(*layers):
+        torch.manual_seed(0)
+        return nn.Sequential(*layers)
+
+    return {
+        "shape": (lambda: seq_net(nn.Linear(4, 8 if r == 0 else 9)), {}),
+        "count": (
+            lambda: seq_net(nn.Linear(4, 8), *([nn.Linear(8, 8)] if r == 1 else [])),
+            {},
+        ),
+        "dtype": (lambda: seq_net(nn.Linear(4, 8)).to(torch.float64 if r else torch.float32), {}),
+        "requires_grad": (
+            lambda: seq_net(nn.Linear(4, 8)).requires_grad_(r == 0),
+            {},
+        ),
+        "buffers": (lambda: seq_net(nn.Linear(4, 8), nn.BatchNorm1d(8 + r, affine=False)), {}),
+        "accumulation_steps": (lambda: seq_net(nn.Linear(4, 8)), dict(accumulation_steps=2 + r)),
+        "compression": (
+            lambda: seq_net(nn.Linear(4, 8)),
+            dict(compression="bf16" if r else None),
+        ),
+        "bucket_cap_mb": (lambda: seq_net(nn.Linear(4, 8)), dict(bucket_cap_mb=25.0 + r)),
+    }
+
+
+def hardening_case():
+    """Issue 23's DDP inputs on 2 ranks: models or options that differ between ranks (an error
+    on every rank, the group still usable after it), a param frozen after wrapping (its .grad
+    stays None), clip_grad_norm_(0) (zeroes the grads, as torch does)."""
+    facts = {}
+    for case, (make, kw) in _differing_models().items():
+        try:
+            AccumulatingDDP(make(), **kw)
+            facts[case] = None
+        except Exception as e:
+            facts[case] = {"type": type(e).__name__, "message": str(e)}
+    # The group survived: a working wrapper trains a window afterwards.
+    model = wrapped_net(torch.float64, accumulation_steps=2)
+    x, y = window_data(0, WORLD, 2, 4, torch.float64)
+    for j in range(2):
+        nn.functional.mse_loss(model(x[RANK, j]), y[RANK, j]).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    norm = model.clip_grad_norm_(0)
+    copies = [torch.zeros_like(g, requires_grad=True) for g in grads]
+    for c, g in zip(copies, grads):
+        c.grad = g.clone()
+    want = torch.nn.utils.clip_grad_norm_(copies, 0)
+    facts["clip0"] = {
+        "norm": float(norm),
+        "reference_norm": float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))),
+        "torch_returned": float(want),
+        "all_zero": all(bool((p.grad == 0).all()) for p in model.parameters()),
+    }
+    return facts
+
+
 def main(scenario: str):
     timeout = datetime.timedelta(seconds=float(os.environ.get("TS_PG_TIMEOUT", "60")))
     dist.init_process_group("gloo", rank=RANK, world_size=WORLD, timeout=timeout)
@@ -287,6 +353,15 @@ def main(scenario: str):
                     "unused_no_find": dict(
                         case="unused", dtype=torch.float64, opt_name="sgd", k=3, steps=1
                     ),
+                    # l1.weight frozen after wrapping, before step 1: its .grad stays None.
+                    "frozen_adamw": dict(
+                        case="plain",
+                        dtype=torch.float64,
+                        opt_name="adamw",
+                        k=2,
+                        steps=3,
+                        freeze_at=1,
+                    ),
                     "f32_scaler_clip": dict(
                         case="plain",
                         dtype=torch.float32,
@@ -304,6 +379,8 @@ def main(scenario: str):
             results["tokens"] = token_case(k=3, steps=3)
             facts["unused_grads"] = unused_grads_case()
             facts["state_dict"] = state_dict_case()
+    elif scenario == "hardening":
+        facts["hardening"] = hardening_case()
     elif scenario.startswith("join_"):
         facts["join"] = join_case(scenario.split("_", 1)[1])
     elif scenario == "kill":

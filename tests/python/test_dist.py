@@ -163,10 +163,107 @@ def test_wrapper_validates_its_arguments(single_group):
         AccumulatingDDP(net, accumulation_steps=2.0, process_group=single_group)
     with pytest.raises(ValueError, match="compression must be None, 'bf16' or 'fp16'"):
         AccumulatingDDP(net, compression="int8", process_group=single_group)
-    with pytest.raises(RuntimeError, match="bucket_cap_mb must be > 0"):
+    with pytest.raises(ValueError, match="bucket_cap_mb must be finite and > 0, got 0"):
         AccumulatingDDP(net, bucket_cap_mb=0, process_group=single_group)
     with pytest.raises(TypeError, match="must be a torch.nn.Module"):
         AccumulatingDDP(lambda x: x, process_group=single_group)
+
+
+BAD_ARGUMENTS = [
+    # (keyword arguments, exception, message): issue 23 item 24 and the adversarial pass.
+    (dict(accumulation_steps=-3), ValueError, "accumulation_steps must be >= 1, got -3"),
+    (dict(accumulation_steps=2**70), ValueError, "accumulation_steps must be < 2\\*\\*63"),
+    (dict(accumulation_steps=True), TypeError, "accumulation_steps must be an int"),
+    (dict(accumulation_steps="2"), TypeError, "accumulation_steps must be an int"),
+    (dict(bucket_cap_mb=0), ValueError, "bucket_cap_mb must be finite and > 0, got 0"),
+    (dict(bucket_cap_mb=-1.0), ValueError, "bucket_cap_mb must be finite and > 0"),
+    (dict(bucket_cap_mb=float("nan")), ValueError, "bucket_cap_mb must be finite and > 0"),
+    (dict(bucket_cap_mb=float("inf")), ValueError, "bucket_cap_mb must be finite and > 0"),
+    (dict(bucket_cap_mb="25"), TypeError, "bucket_cap_mb must be a number"),
+    (dict(bucket_cap_mb=True), TypeError, "bucket_cap_mb must be a number"),
+    (dict(first_bucket_cap_mb=0.0), ValueError, "first_bucket_cap_mb must be finite and > 0"),
+    (dict(first_bucket_cap_mb=None), TypeError, "first_bucket_cap_mb must be a number"),
+    (dict(compression=["bf16"]), TypeError, "compression must be None, a str or a torch.dtype"),
+    (dict(compression=torch.int8), ValueError, "compression must be None, 'bf16' or 'fp16'"),
+    (dict(find_unused_parameters="yes"), TypeError, "find_unused_parameters must be a bool"),
+    (dict(broadcast_buffers=1), TypeError, "broadcast_buffers must be a bool"),
+    (dict(static_graph=None), TypeError, "static_graph must be a bool"),
+    (dict(device_ids="cpu"), TypeError, "device_ids must be a list"),
+    (dict(device_ids=["bogus"]), ValueError, "device_ids must name devices"),
+    (dict(device_ids=["meta"]), ValueError, "do not hold the module's params"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,match", BAD_ARGUMENTS, ids=lambda v: str(v)[:40])
+def test_bad_arguments_raise_torchs_exception_types_before_any_change(
+    single_group, kwargs, error, match
+):
+    from torchspeed.dist import AccumulatingDDP
+
+    net = Net()
+    before = {n: p.clone() for n, p in net.state_dict().items()}
+    with pytest.raises(error, match=match):
+        AccumulatingDDP(net, process_group=single_group, **kwargs)
+    assert all(p.grad is None for p in net.parameters())
+    assert all(torch.equal(before[n], p) for n, p in net.state_dict().items())
+
+
+def test_a_huge_bucket_cap_means_one_bucket_per_dtype(single_group):
+    from torchspeed.dist import AccumulatingDDP
+
+    model = AccumulatingDDP(Net(), process_group=single_group, bucket_cap_mb=1e300,
+                            first_bucket_cap_mb=1e300)
+    assert model.stats()["buckets"] == 1
+
+
+def test_clip_grad_norm_follows_torch_for_zero_and_inf(single_group):
+    """Issue 23 item 24: torch's clip_grad_norm_(..., 0) zeroes the grads and returns the norm;
+    inf measures only. Negative (torch flips the sign) and NaN raise ValueError, a bad type
+    TypeError, with the grads untouched."""
+    from torchspeed.dist import AccumulatingDDP
+
+    model = AccumulatingDDP(Net(), process_group=single_group)
+    x, y = window_data(0, 1, 1, 4, torch.float64)
+    nn.functional.mse_loss(model(x[0, 0], use_side=True), y[0, 0]).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    want = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))
+    for bad, error in ((-1.0, ValueError), (float("nan"), ValueError), ("1", TypeError),
+                       (True, TypeError), (None, TypeError)):
+        with pytest.raises(error, match="max_norm must be"):
+            model.clip_grad_norm_(bad)
+        assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    norm = model.clip_grad_norm_(float("inf"))
+    torch.testing.assert_close(norm.double(), want, rtol=1e-6, atol=0)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    norm = model.clip_grad_norm_(0)
+    copies = [g.clone().requires_grad_() for g in grads]
+    for c, g in zip(copies, grads):
+        c.grad = g.clone()
+    torch_norm = torch.nn.utils.clip_grad_norm_(copies, 0)
+    torch.testing.assert_close(norm.double(), torch_norm, rtol=1e-6, atol=0)
+    for p, c in zip(model.parameters(), copies):
+        assert torch.equal(p.grad, c.grad) and not p.grad.any()
+
+
+def test_methods_refuse_bad_types_and_values(single_group):
+    from torchspeed.dist import AccumulatingDDP
+
+    model = AccumulatingDDP(Net(), process_group=single_group)
+    what = "global_mean_factor: count must be"
+    for bad, error in ((float("nan"), ValueError), (float("inf"), ValueError),
+                       (-2, ValueError), ("3", TypeError), (None, TypeError)):
+        with pytest.raises(error, match=what):
+            model.global_mean_factor(bad)
+    assert model.global_mean_factor(torch.tensor(8)) == pytest.approx(0.125)
+    with pytest.raises(TypeError, match="micro_batch: sync must be a bool"):
+        with model.micro_batch(sync="no"):
+            pass
+    with pytest.raises(TypeError, match="join: throw_on_early_termination must be a bool"):
+        with model.join(throw_on_early_termination=1):
+            pass
+    with pytest.raises(TypeError, match="zero_grad: set_to_none must be a bool"):
+        model.zero_grad(set_to_none=None)
+    assert model.micro_step == 0 and model.stats()["micro_steps"] == 0
 
 
 def test_methods_validate_their_arguments(single_group):
@@ -175,9 +272,9 @@ def test_methods_validate_their_arguments(single_group):
     with pytest.raises(TypeError, match="process_group must be a torch.distributed ProcessGroup"):
         AccumulatingDDP(Net(), process_group="gloo")
     model = AccumulatingDDP(Net(), process_group=single_group)
-    with pytest.raises(RuntimeError, match="max_norm must be positive and finite, got 0"):
-        model.clip_grad_norm_(0.0)
-    with pytest.raises(RuntimeError, match="value must be finite"):
+    with pytest.raises(ValueError, match="max_norm must be >= 0, got -0.5"):
+        model.clip_grad_norm_(-0.5)
+    with pytest.raises(ValueError, match="count must be finite"):
         model.global_mean_factor(float("nan"))
     with pytest.raises(ValueError, match="count summed over the ranks must be > 0, got 0"):
         model.global_mean_factor(0)
@@ -527,6 +624,59 @@ def test_overlap_is_reported(main2):
         assert st["sync_steps"] == 3 and st["micro_steps"] == 9
         assert st["comm_ns"] > 0 and 0.0 <= st["last_overlap"] <= 1.0
         assert st["exposed_ns"] <= st["comm_ns"]
+
+
+def test_a_param_frozen_after_wrapping_keeps_grad_none_and_does_not_move(main2):
+    """Issue 23 item 3: l1.weight frozen (requires_grad_(False)) on every rank after step 0 of 3,
+    AdamW with weight decay: its .grad stays None, so it keeps its value, and every param equals
+    the single-process run frozen at the same step (a zero .grad moved it by weight decay)."""
+    ref = reference("plain", 2, 2, 3, 4, torch.float64, "adamw", freeze_at=1)
+    _params_equal_on_every_rank(main2, "frozen_adamw", ref, F64)
+    after_step0 = reference("plain", 2, 2, 1, 4, torch.float64, "adamw")["l1.weight"]
+    for r in main2:
+        res = r["pt"]["frozen_adamw"]
+        assert res["grad_is_none"]["l1.weight"] and not res["grad_is_none"]["l1.bias"]
+        torch.testing.assert_close(res["params"]["l1.weight"], after_step0, **F64)
+
+
+@pytest.fixture(scope="module")
+def hardening2(tmp_path_factory):
+    records = launch(2, "hardening", tmp_path_factory.mktemp("dist_hardening"), timeout=90)
+    assert_all_ok(records)  # before the fix, rank 0 died with SIGABRT inside Gloo
+    return [r["json"]["hardening"] for r in records]
+
+
+DIFFERING = {
+    "shape": r"params\[0\] \(0.weight\) is Float \[9, 4\] on rank 1 and Float \[8, 4\] on rank 0",
+    "count": r"the number of parameters is 4 on rank 1 and 2 on rank 0",
+    "dtype": r"params\[0\] \(0.weight\) is Double \[8, 4\] on rank 1 and Float \[8, 4\] on",
+    "requires_grad": r"params\[0\] \(0.weight\) is Float \[8, 4\] \(requires_grad=False\) on rank 1",
+    "buffers": r"buffers\[0\] \(1.running_mean\) is Float \[9\] on rank 1 and Float \[8\] on rank 0",
+    "accumulation_steps": r"accumulation_steps is 3 on rank 1 and 2 on rank 0",
+    "compression": r"compression is 'bf16' on rank 1 and None on rank 0",
+    "bucket_cap_mb": r"bucket_cap_mb is 26 on rank 1 and 25 on rank 0",
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIFFERING))
+def test_models_or_options_that_differ_between_ranks_raise_on_every_rank(hardening2, case):
+    """Issue 23 items 1 and 4: one small all-reduce at construction compares the models and the
+    options; every rank raises the same ValueError naming the first difference (the group stays
+    usable: the scenario trains afterwards)."""
+    for facts in hardening2:
+        err = facts[case]
+        assert err is not None, f"{case}: construction succeeded"
+        assert err["type"] == "ValueError", err
+        assert "every rank must wrap the same model with the same options" in err["message"]
+        assert re.search(DIFFERING[case], err["message"]), err["message"]
+
+
+def test_clip_grad_norm_zero_zeroes_the_reduced_grads_on_every_rank(hardening2):
+    for facts in hardening2:
+        c = facts["clip0"]
+        assert c["all_zero"]
+        assert c["norm"] == pytest.approx(c["reference_norm"], rel=1e-6)
+        assert c["norm"] == pytest.approx(c["torch_returned"], rel=1e-6)
 
 
 # ---- uneven inputs, a dead rank --------------------------------------------------------------------

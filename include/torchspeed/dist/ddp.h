@@ -133,9 +133,17 @@ class Reducer;
 /// grads stay valid tensors, owned by their buckets).
 class TORCHSPEED_API AccumulatingDDP {
  public:
+  /// Construction first checks, in one small all-reduce, that every rank passed the same params
+  /// and buffers (count, dtype, shape, requires_grad) and the same options (accumulation_steps,
+  /// bucket caps, compression, find_unused_parameters, broadcast_buffers); when they differ every
+  /// rank throws a c10::ValueError naming the first difference (param_names and buffer_names,
+  /// when given, name the tensors). A param frozen after construction (requires_grad false) with
+  /// no gradient keeps an undefined .grad through the reduction, as in a single process.
   AccumulatingDDP(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers,
-                  c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options = {});
-  /// The module's parameters (requires_grad ones are bucketed) and buffers.
+                  c10::intrusive_ptr<c10d::ProcessGroup> group, DDPOptions options = {},
+                  std::vector<std::string> param_names = {},
+                  std::vector<std::string> buffer_names = {});
+  /// The module's parameters (requires_grad ones are bucketed) and buffers, named for errors.
   AccumulatingDDP(const torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> group,
                   DDPOptions options = {});
   ~AccumulatingDDP();
@@ -158,7 +166,8 @@ class TORCHSPEED_API AccumulatingDDP {
   void zero_grad();
   /// Global-norm clipping of the reduced gradients: one read of each bucket for the norm, one
   /// in-place scale when it exceeds max_norm (norm_type 2). Returns the total norm (0-dim float32
-  /// tensor on the buckets' device); identical on every rank.
+  /// tensor on the buckets' device); identical on every rank. max_norm >= 0 (c10::ValueError
+  /// otherwise); as torch.nn.utils.clip_grad_norm_, 0 zeroes the gradients and inf leaves them.
   at::Tensor clip_grad_norm_(double max_norm);
 
   /// Uneven inputs: call join_begin() before the training loop and join() when this rank has run

@@ -9,6 +9,7 @@ and the last wait before ``backward()`` returns.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import _C
+from .._native import native_module
 
 _COMPRESSION = {
     None: "none",
@@ -30,13 +32,26 @@ _COMPRESSION = {
     torch.float16: "fp16",
 }
 _PREFIX = "module."
+_NAME = "torchspeed.dist.AccumulatingDDP"
+_INT64_MAX = 2**63 - 1
 
 
-def _native():
-    native = getattr(_C, "dist", None)
-    if native is None:
-        raise ImportError("torchspeed was built without the dist area (TORCHSPEED_WITH_DIST=OFF)")
-    return native
+def _check_int(value, arg, what=_NAME):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what}: {arg} must be an int, got {type(value).__name__} {value!r}")
+    if value > _INT64_MAX:
+        raise ValueError(f"{what}: {arg} must be < 2**63, got {value}")
+
+
+def _check_real(value, arg, what=_NAME):
+    """A Python number (int or float, not bool); its range is checked where it is used."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what}: {arg} must be a number, got {type(value).__name__} {value!r}")
+
+
+def _check_bool(value, arg, what=_NAME):
+    if not isinstance(value, bool):
+        raise TypeError(f"{what}: {arg} must be a bool, got {type(value).__name__} {value!r}")
 
 
 if getattr(_C, "dist", None) is not None:
@@ -89,6 +104,14 @@ class AccumulatingDDP(nn.Module):
             compatibility with torch's DDP. Gradients are always bucket views; static_graph is
             not needed (readiness is tracked per window); device_ids must name the module's device.
 
+    Every rank must wrap the same model with the same options: construction checks the params
+    and buffers (count, dtype, shape, requires_grad) and the options that shape the collectives
+    (accumulation_steps, the bucket caps, compression, find_unused_parameters,
+    broadcast_buffers) in one small all-reduce, and every rank raises ValueError naming the first
+    difference. A param frozen after wrapping (``requires_grad_(False)`` on every rank) keeps
+    ``.grad`` None through the reduction, as in a single process, so the optimizer leaves it
+    alone. Bad types raise TypeError and bad values ValueError, before anything is changed.
+
     ``state_dict()`` has the wrapped module's plain keys (no ``module.`` prefix), so a checkpoint
     loads into the bare model; ``load_state_dict`` accepts both plain keys and torch DDP's
     ``module.``-prefixed ones.
@@ -110,17 +133,27 @@ class AccumulatingDDP(nn.Module):
         static_graph: bool = False,
     ) -> None:
         super().__init__()
-        name = "torchspeed.dist.AccumulatingDDP"
+        name = _NAME
         if not isinstance(module, nn.Module):
             raise TypeError(
                 f"{name}: module must be a torch.nn.Module, got {type(module).__name__}"
             )
-        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int):
+        _check_int(accumulation_steps, "accumulation_steps")
+        bucket_cap_mb = 25.0 if bucket_cap_mb is None else bucket_cap_mb
+        _check_real(bucket_cap_mb, "bucket_cap_mb")
+        _check_real(first_bucket_cap_mb, "first_bucket_cap_mb")
+        for flag, value in (
+            ("find_unused_parameters", find_unused_parameters),
+            ("broadcast_buffers", broadcast_buffers),
+            ("gradient_as_bucket_view", gradient_as_bucket_view),
+            ("static_graph", static_graph),
+        ):
+            _check_bool(value, flag)
+        if not (compression is None or isinstance(compression, (str, torch.dtype))):
             raise TypeError(
-                f"{name}: accumulation_steps must be an int >= 1, got {accumulation_steps!r}"
+                f"{name}: compression must be None, a str or a torch.dtype, "
+                f"got {type(compression).__name__}"
             )
-        if accumulation_steps < 1:
-            raise ValueError(f"{name}: accumulation_steps must be >= 1, got {accumulation_steps}")
         key = compression if not isinstance(compression, str) else compression.lower()
         if key not in _COMPRESSION:
             raise ValueError(
@@ -135,13 +168,25 @@ class AccumulatingDDP(nn.Module):
                 )
             process_group = dist.distributed_c10d._get_default_group()
         process_group = _as_process_group(process_group, name)
-        params = list(module.parameters())
+        named_params = list(module.named_parameters())
+        params = [p for _, p in named_params]
         if device_ids is not None:
-            devices = {p.device for p in params}
-            wanted = {
-                torch.device(d) if not isinstance(d, int) else torch.device("cuda", d)
+            if not isinstance(device_ids, (list, tuple)) or not all(
+                isinstance(d, (int, str, torch.device)) and not isinstance(d, bool)
                 for d in device_ids
-            }
+            ):
+                raise TypeError(
+                    f"{name}: device_ids must be a list of ints, strs or torch.devices, "
+                    f"got {device_ids!r}"
+                )
+            devices = {p.device for p in params}
+            try:
+                wanted = {
+                    torch.device(d) if not isinstance(d, int) else torch.device("cuda", d)
+                    for d in device_ids
+                }
+            except RuntimeError as e:  # torch.device("bogus"), torch.device("cuda", -1)
+                raise ValueError(f"{name}: device_ids must name devices, got {device_ids!r}") from e
             if not devices <= wanted:
                 raise ValueError(
                     f"{name}: device_ids {device_ids} do not hold the module's params (on "
@@ -150,20 +195,25 @@ class AccumulatingDDP(nn.Module):
         del output_device, gradient_as_bucket_view, static_graph  # accepted, see the docstring
         self.module = module
         self.process_group = process_group
-        self.accumulation_steps = accumulation_steps
+        self.accumulation_steps = int(accumulation_steps)
         self.compression = _COMPRESSION[key]
         self._no_sync_depth = 0
         self._in_micro_batch = False
-        self._impl = _native().AccumulatingDDP(
+        # The values are validated once, in C++ (ValueError), before any collective; then one
+        # small all-reduce checks that every rank has the same model and options.
+        named_buffers = list(module.named_buffers())
+        self._impl = native_module("dist", name).AccumulatingDDP(
             params,
-            list(module.buffers()),
+            [b for _, b in named_buffers],
             process_group,
-            accumulation_steps=accumulation_steps,
-            bucket_cap_mb=25.0 if bucket_cap_mb is None else float(bucket_cap_mb),
+            accumulation_steps=int(accumulation_steps),
+            bucket_cap_mb=float(bucket_cap_mb),
             first_bucket_cap_mb=float(first_bucket_cap_mb),
             compression=self.compression,
-            find_unused_parameters=bool(find_unused_parameters),
-            broadcast_buffers=bool(broadcast_buffers),
+            find_unused_parameters=find_unused_parameters,
+            broadcast_buffers=broadcast_buffers,
+            param_names=[n for n, _ in named_params],
+            buffer_names=[n for n, _ in named_buffers],
         )
         self.register_state_dict_post_hook(_strip_module_prefix)
         self.register_load_state_dict_pre_hook(_add_module_prefix)
@@ -209,6 +259,8 @@ class AccumulatingDDP(nn.Module):
         """One micro-step, explicitly: the forwards inside count once (for models called several
         times per step). Yields whether its backward reduces; ``sync=False`` forbids it, like
         no_sync(). Use one backward per micro-step."""
+        if sync is not None:
+            _check_bool(sync, "sync", f"{_NAME}.micro_batch")
         allow = self._no_sync_depth == 0 and sync is not False
         reduces = self._impl.begin_micro_step(allow)
         self._in_micro_batch = True
@@ -227,6 +279,7 @@ class AccumulatingDDP(nn.Module):
         ``throw_on_early_termination=True`` they raise :class:`RanksOutOfData` naming the ranks
         that ran out; by default the block ends quietly on every rank (a warning names them).
         """
+        _check_bool(throw_on_early_termination, "throw_on_early_termination", f"{_NAME}.join")
         self._impl.join_begin()
         try:
             yield
@@ -245,6 +298,12 @@ class AccumulatingDDP(nn.Module):
         *summed* loss by it, and the reduced gradient is the large-batch mean over every token of
         the window on every rank (DDP's average over ranks included). One small all-reduce.
         """
+        what = f"{_NAME}.global_mean_factor"
+        if isinstance(count, torch.Tensor) and count.numel() == 1 and not count.is_complex():
+            count = count.item()
+        _check_real(count, "count", what)
+        if not (count >= 0 and count != float("inf")):
+            raise ValueError(f"{what}: count must be finite and >= 0, got {count}")
         total = self._impl.all_reduce_count(float(count))
         if total <= 0:
             raise ValueError(
@@ -257,13 +316,19 @@ class AccumulatingDDP(nn.Module):
         """Clips the reduced gradients to a global L2 norm of ``max_norm`` (after
         ``scaler.unscale_(opt)`` when using a GradScaler): one read of each bucket, the same norm
         on every rank. Returns the total norm before clipping, like
-        ``torch.nn.utils.clip_grad_norm_``."""
+        ``torch.nn.utils.clip_grad_norm_``, and like it, ``max_norm=0`` zeroes the gradients and
+        ``inf`` only measures them. A negative or NaN ``max_norm`` raises ValueError (torch would
+        flip the gradients' sign)."""
+        if isinstance(max_norm, torch.Tensor) and max_norm.numel() == 1:
+            max_norm = max_norm.item()
+        _check_real(max_norm, "max_norm", f"{_NAME}.clip_grad_norm_")
         return self._impl.clip_grad_norm_(float(max_norm))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """``set_to_none=False`` zeroes the buckets in place (one memset each), so the next backward
         accumulates straight into them; the default, like torch, sets grads to None (the reducer
         then copies each new gradient into its bucket once per window)."""
+        _check_bool(set_to_none, "set_to_none", f"{_NAME}.zero_grad")
         if set_to_none:
             super().zero_grad(set_to_none=True)
         else:

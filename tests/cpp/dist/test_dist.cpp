@@ -3,6 +3,7 @@
 // reference; the collectives counted by Gloo itself; bad options and a bad torchrun environment.
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -149,9 +150,50 @@ TEST_CASE("AccumulatingDDP rejects bad options with the option's name") {
   CHECK_THAT(message(tsd::DDPOptions().compression("int8")),
              Catch::Matchers::Contains("compression must be 'none', 'bf16' or 'fp16', got 'int8'"));
   CHECK_THAT(message(tsd::DDPOptions().bucket_cap_mb(-1)),
-             Catch::Matchers::Contains("bucket_cap_mb must be > 0"));
+             Catch::Matchers::Contains("bucket_cap_mb must be finite and > 0, got -1"));
+  CHECK_THROWS_AS(build(tsd::DDPOptions().bucket_cap_mb(0)), c10::ValueError);
+  CHECK_THROWS_AS(build(tsd::DDPOptions().first_bucket_cap_mb(std::nan(""))), c10::ValueError);
+  CHECK_THROWS_AS(build(tsd::DDPOptions().accumulation_steps(-1)), c10::ValueError);
   CHECK_THROWS_AS(tsd::AccumulatingDDP(*net, nullptr), c10::Error);
   CHECK_THROWS_AS(tsd::new_gloo_group(store, 2, 2), c10::Error);
+}
+
+TEST_CASE("AccumulatingDDP: models or options that differ between ranks throw on every rank") {
+  // Issue 23 items 1 and 4: rank 1's last layer is wider, or its accumulation_steps differ; one
+  // small all-reduce at construction finds it and both ranks throw c10::ValueError naming it
+  // (Gloo used to abort the process when the broadcast sizes differed).
+  setenv("GLOO_SOCKET_IFNAME", "lo", 0);
+  for (const bool wider : {true, false}) {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::string errors[kWorld];
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          auto group = tsd::new_gloo_group(store, r, kWorld, std::chrono::seconds(30));
+          torch::nn::Sequential net(torch::nn::Linear(6, 24),
+                                    torch::nn::Linear(24, wider && r == 1 ? 4 : 3));
+          tsd::AccumulatingDDP ddp(*net, group,
+                                   tsd::DDPOptions().accumulation_steps(!wider && r == 1 ? 3 : 2));
+          errors[r] = "no error";
+        } catch (const c10::ValueError& e) {
+          errors[r] = e.what_without_backtrace();
+        } catch (const std::exception& e) {
+          errors[r] = std::string("not a ValueError: ") + e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < kWorld; ++r) {
+      INFO("rank " << r << ": " << errors[r]);
+      CHECK_THAT(errors[r], Catch::Matchers::Contains("every rank must wrap the same model"));
+      CHECK_THAT(errors[r], Catch::Matchers::Contains(
+                                wider ? "params[2] (1.weight) is Float [4, 24] on rank 1 "
+                                        "and Float [3, 24] on rank 0"
+                                      : "accumulation_steps is 3 on rank 1 and 2 on "
+                                        "rank 0"));
+    }
+  }
 }
 
 TEST_CASE("torchrun_env names the missing or malformed variable") {
