@@ -106,6 +106,8 @@ setup(
     python_requires=">=3.9",
     package_dir={"": "python"},
     packages=find_packages("python"),
+    # Data files inside the package: the profile benchmark's C floor probe.
+    package_data={"torchspeed.benchmarks.profile": ["floor.c"]},
     ext_modules=[CMakeExtension("torchspeed._C")],
     cmdclass={"build_ext": CMakeBuild},
     install_requires=_torch_requirement() + ["numpy", "tqdm"],

@@ -135,7 +135,7 @@ step bench_prune 60 "$PYTHON" -m torchspeed.cli bench prune --quick --device cud
 step test_train_utils_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_train_utils.py
 
 # The profiler's CUDA-event timeline against kernels of known duration, no sync inside a step, NVTX.
-step test_profile_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/test_profile_cuda.py
+step test_profile_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/profile/test_step_profiler_cuda.py
 
 # ---- benches (JSON into $TORCHSPEED_RESULTS_DIR) ---------------------------------------------------
 # The benchmarks ship in the package (torchspeed.benchmarks); `torchspeed bench NAME` runs one.

@@ -12,6 +12,7 @@ Every benchmark ships in the package (torchspeed.benchmarks), so these work afte
 import argparse
 
 from . import benchmarks
+from ._cli_args import int_at_least, output_folder
 
 
 def main(argv=None) -> int:
@@ -41,15 +42,21 @@ def main(argv=None) -> int:
     )
     doc.add_argument(
         "--steps",
-        type=int,
+        type=int_at_least(1),
         default=None,
         help="stop the script after N steps (default: run to its end)",
     )
     doc.add_argument(
-        "--warmup", type=int, default=1, help="steps left out of the summary (default 1)"
+        "--warmup",
+        type=int_at_least(0),
+        default=1,
+        help="steps left out of the summary (default 1)",
     )
     doc.add_argument(
-        "--out", default="torchspeed_doctor", help="output folder (default ./torchspeed_doctor)"
+        "--out",
+        type=output_folder,
+        default="torchspeed_doctor",
+        help="output folder (default ./torchspeed_doctor)",
     )
     doc.add_argument(
         "--device",
@@ -66,18 +73,28 @@ def main(argv=None) -> int:
         argv = sys.argv[1:]
     if argv and argv[0] == "demo":  # its own parser (python -m torchspeed.demo is the same)
         from .demo import main as demo_main
+        from .demo.flags import check_path_flags
 
+        check_path_flags(argv[1:])
         return demo_main(argv[1:])
     if argv and argv[0] == "doctor":
         # Everything after `--` (or after the options) is the script's: argparse must not read it.
         args = ap.parse_args(argv)
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
-            ap.error("doctor: give the training command, e.g. torchspeed doctor -- python train.py")
-        if args.steps is not None and args.steps < 1:
-            ap.error(f"doctor: --steps must be >= 1, got {args.steps}")
+            doc.error("give the training command, e.g. torchspeed doctor -- python train.py")
+        if args.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                doc.error("argument --device: cuda, but CUDA is not available")
+        from .profile._doctor import check_command
         from .profile._doctor import run as run_doctor
 
+        try:
+            check_command(command)
+        except (ValueError, OSError, ImportError) as e:
+            doc.error(str(e).removeprefix("torchspeed doctor: "))
         return run_doctor(
             command,
             steps=args.steps,
@@ -99,7 +116,9 @@ def main(argv=None) -> int:
     if args.cmd == "bench":
         return benchmarks.run(args.name, args.args + extra)
     from .demo import main as demo_main
+    from .demo.flags import check_path_flags
 
+    check_path_flags(extra)
     return demo_main(extra)
 
 

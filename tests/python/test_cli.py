@@ -99,3 +99,56 @@ def test_int8_linear_bench_as_an_avx2_host(tmp_path):
             continue
         assert 0.0 < row["rel_err"] < 0.05, row
         assert row["min_s"] > 0 and row["gmacs"] > 0, row
+
+
+_BAD_ARGS = {
+    "doctor --warmup -1": ["doctor", "--warmup", "-1", "--", "python", "{script}"],
+    "doctor --steps 0": ["doctor", "--steps", "0", "--", "python", "{script}"],
+    "doctor --device cuda without CUDA": ["doctor", "--device", "cuda", "--", "python", "{script}"],
+    "doctor -- missing.py": ["doctor", "--", "python", "{tmp}/missing.py"],
+    "doctor -- -m missing": ["doctor", "--", "python", "-m", "no_such_module_xyz"],
+    "doctor -- python -c": ["doctor", "--", "python", "-c", "print(1)"],
+    "doctor --out <file>": ["doctor", "--out", "{file}", "--", "python", "{script}"],
+    "doctor --out <unwritable>": ["doctor", "--out", "{file}/sub", "--", "python", "{script}"],
+    "demo --data-dir <file>": ["demo", "--quick", "--data-dir", "{file}"],
+    "demo --data-dir <unwritable>": ["demo", "--quick", "--data-dir", "{file}/sub"],
+    "demo --out <file>": ["demo", "--quick", "--out", "{file}"],
+    "demo --out <unwritable>": ["demo", "--quick", "--out", "{file}/sub/deeper"],
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_ARGS))
+def test_every_bad_argument_is_a_one_line_usage_error_with_status_2(case, tmp_path):
+    # Issue 23 item 20: these were Python tracebacks with status 1.
+    if "cuda" in case:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("CUDA is available here")
+    (tmp_path / "train.py").write_text("open('ran', 'w').write('x')\n")
+    (tmp_path / "afile").write_text("")
+    fill = {
+        "script": str(tmp_path / "train.py"),
+        "tmp": str(tmp_path),
+        "file": str(tmp_path / "afile"),
+    }
+    args = [a.format(**fill) for a in _BAD_ARGS[case]]
+    r = run_cli(args, cwd=str(tmp_path))
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"torchspeed {args[0]}: error: "), r.stderr
+    assert not (tmp_path / "ran").exists()  # nothing ran
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "train.py"]  # nothing made
+
+
+def test_an_unwritable_out_folder_is_refused_for_a_user_without_root(tmp_path):
+    import os as _os
+
+    if _os.geteuid() == 0:
+        pytest.skip("root may write anywhere (the file-as-parent case covers it)")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    (tmp_path / "train.py").write_text("")
+    r = run_cli(["doctor", "--out", str(ro / "o"), "--", str(tmp_path / "train.py")], str(tmp_path))
+    assert r.returncode == 2 and "is not writable" in r.stderr, r.stderr

@@ -43,22 +43,30 @@ class TorchspeedCallback(Callback):
         self.profiler: Optional[tsp.StepProfiler] = None
         self.report: str = ""
         self.summary = None
+        self._stepped = False
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._stop()  # a profiler left by a fit that ended without any teardown hook
+        self._stepped = False
         self.profiler = tsp.StepProfiler(hooks=self.hooks)
         self.profiler.start()
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._stepped = True
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.profiler is not None:
+        # A profiler step is an optimizer step: under accumulate_grad_batches the micro-batches
+        # before it belong to the same step (their samples are counted together).
+        if self.profiler is not None and self._stepped:
+            self._stepped = False
             self.profiler.step()
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        prof, self.profiler = self.profiler, None
+        prof = self._stop()
         if prof is None:
             return
-        prof.stop()
         if prof.steps == 0:
             self.report = "torchspeed: no training step was profiled"
         else:
@@ -68,6 +76,21 @@ class TorchspeedCallback(Callback):
                 prof.export_chrome_trace(self.trace_path)
         if self.print_report and getattr(trainer, "is_global_zero", True):
             print(self.report, flush=True)
+
+    # An exception in the fit (training_step, a callback, KeyboardInterrupt) skips on_fit_end:
+    # the profiler and torch's process-wide hooks must go with it, or the next fit cannot start.
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._stop()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._stop()
+
+    def _stop(self) -> Optional[tsp.StepProfiler]:
+        """Stops the running profiler (if any) and returns it; safe to call from any hook."""
+        prof, self.profiler = self.profiler, None
+        if prof is not None:
+            prof.stop()
+        return prof
 
 
 __all__ = ["TorchspeedCallback"]

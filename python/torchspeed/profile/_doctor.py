@@ -184,16 +184,16 @@ def _script_argv(argv: List[str]) -> List[str]:
     return rest
 
 
-def run(argv: List[str], **kwargs) -> int:
-    """Runs ``argv`` (``[python [options]] script.py ARGS`` or ``[python] -m module ARGS``) in
-    this process under ``doctor(**kwargs)``; returns the script's exit status. An exception from
-    the script propagates after the report."""
+def check_command(argv: List[str]) -> List[str]:
+    """The command to run, as run() reads it (``[python [options]] script.py ARGS`` or
+    ``[python] -m module ARGS``), checked before anything is installed: returns it without the
+    interpreter; raises ValueError (no command, ``-c``, ``-m`` without a name),
+    FileNotFoundError (no such script) or ModuleNotFoundError (no such module)."""
     argv = _script_argv(list(argv))
     if not argv:
         raise ValueError(
             "torchspeed doctor: give the training command after --, e.g. -- python train.py"
         )
-    # Resolved before profiling starts: a typo fails at once, with nothing installed.
     if argv[0] == "-m":
         if len(argv) < 2:
             raise ValueError("torchspeed doctor: -m needs a module name")
@@ -210,6 +210,15 @@ def run(argv: List[str], **kwargs) -> int:
             raise ModuleNotFoundError(f"torchspeed doctor: no module named {argv[1]!r}")
     elif not os.path.isfile(argv[0]):
         raise FileNotFoundError(f"torchspeed doctor: no such script: {argv[0]}")
+    return argv
+
+
+def run(argv: List[str], **kwargs) -> int:
+    """Runs ``argv`` (``[python [options]] script.py ARGS`` or ``[python] -m module ARGS``) in
+    this process under ``doctor(**kwargs)``; returns the script's exit status. An exception from
+    the script propagates after the report."""
+    # Resolved before profiling starts: a typo fails at once, with nothing installed.
+    argv = check_command(argv)
     status = 0
     saved_argv, saved_path = sys.argv, list(sys.path)
     try:

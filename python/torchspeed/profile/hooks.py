@@ -42,6 +42,22 @@ _COLLECTIVES = (
 )
 
 
+def _batch_size(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (0 when there is none)."""
+    seen = 0
+    stack = [batch]
+    while stack and seen < 64:
+        x = stack.pop()
+        seen += 1
+        if isinstance(x, torch.Tensor):
+            return int(x.shape[0]) if x.dim() > 0 else 0
+        if isinstance(x, dict):
+            stack.extend(reversed(list(x.values())))
+        elif isinstance(x, (list, tuple)):
+            stack.extend(reversed(x))
+    return 0
+
+
 class _WeakSet:
     """Objects seen, by identity, without keeping them alive."""
 
@@ -267,8 +283,6 @@ class TorchHooks:
                     batch = orig(it)
                 finally:
                     _ranges._exit(nid, pid)
-                from .step import _batch_size
-
                 hooks.prof.pending_samples += _batch_size(batch)
                 return batch
 
@@ -482,8 +496,6 @@ def saw_loader(loader: Any) -> None:
 
 def saw_batch(batch: Any) -> None:
     """Called by torchspeed's DataLoader with each batch it returns: samples per step."""
-    from .step import _batch_size
-
     for h in _active_hooks:
         if h._mine():
             h.prof.pending_samples += _batch_size(batch)

@@ -203,14 +203,31 @@ def _samples_known(history: StepHistory) -> bool:
     return len(history.samples) == len(history) and all(x > 0 for x in history.samples)
 
 
+def _png_path(path) -> str:
+    """The file write_png writes: matplotlib adds ``.png`` to a name without a suffix, so that
+    is the path returned; "" and folders (which matplotlib turns into ``.png``/``<dir>.png``)
+    are refused."""
+    name = "torchspeed.profile.write_png"
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name}: path must be a str or os.PathLike, got {type(path).__name__}")
+    path = os.fsdecode(os.fspath(path))
+    if not path or path.endswith(("/", os.sep)) or os.path.isdir(path):
+        raise ValueError(f"{name}: path must name a file, got {path!r}")
+    if not os.path.splitext(path)[1]:
+        path += ".png"
+    return path
+
+
 def write_png(history: StepHistory, path, title: Optional[str] = None) -> Optional[str]:
     """A PNG of the run: the phases of each step stacked (ms), and the throughput over time
     (samples/s when every batch size is known, else steps/s; a rolling median of the steps).
 
     Draws on its own Figure with the Agg canvas: the user's pyplot backend and open figures are
-    left alone. Returns the path, or None with a warning when matplotlib is missing or the
-    history has no steps.
+    left alone. Returns the path written (``.png`` is added to a name without a suffix, as
+    matplotlib does), or None with a warning when matplotlib is missing or the history has no
+    steps. An empty path or an existing folder is refused (ValueError) before anything is drawn.
     """
+    path = _png_path(path)
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -268,7 +285,6 @@ def write_png(history: StepHistory, path, title: Optional[str] = None) -> Option
     ax_rate.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
 
     fig.suptitle(title or f"torchspeed.profile: {n} steps")
-    path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     # To exactly `path` (savefig on a name would add ".png" to one without a suffix), atomically.

@@ -26,6 +26,10 @@ import torch
 
 from .. import _C
 from . import ranges as _ranges
+from .advice import advise
+from .distributed import gather_summaries
+from .hooks import TorchHooks
+from .report import format_findings, format_summary, write_png, write_tensorboard
 from .summary import PHASES, RunFacts, StepHistory, StepSummary, summarize
 
 _P = _C.profile
@@ -126,22 +130,6 @@ class _CudaTimeline:
         self.poll(wait=True)
 
 
-def _batch_size(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (0 when there is none)."""
-    seen = 0
-    stack = [batch]
-    while stack and seen < 64:
-        x = stack.pop()
-        seen += 1
-        if isinstance(x, torch.Tensor):
-            return int(x.shape[0]) if x.dim() > 0 else 0
-        if isinstance(x, dict):
-            stack.extend(reversed(list(x.values())))
-        elif isinstance(x, (list, tuple)):
-            stack.extend(reversed(x))
-    return 0
-
-
 class StepProfiler:
     """Always-on per-step breakdown: data_wait, h2d, forward, backward, optimizer, comm, other.
 
@@ -227,8 +215,6 @@ class StepProfiler:
             _P._set_timeline(self._timeline)
         self._state = "running"
         if self._want_hooks:
-            from .hooks import TorchHooks
-
             self._hooks = TorchHooks(self)
             self._hooks.install()
         self._timeline.start()
@@ -317,8 +303,6 @@ class StepProfiler:
         s = summarize(self.history(), skip_first=self.warmup)
         s.dropped_events = int(_P.dropped_events())
         if gather:
-            from .distributed import gather_summaries
-
             gather_summaries(s)
         return s
 
@@ -329,14 +313,10 @@ class StepProfiler:
         return self._hooks.facts()
 
     def advice(self, summary: Optional[StepSummary] = None) -> list:
-        from .advice import advise
-
         return advise(summary if summary is not None else self.summary(), self.facts())
 
     def report(self, summary: Optional[StepSummary] = None) -> str:
         """The summary table and the ranked advice, as printed at the end of ``torchspeed doctor``."""
-        from .report import format_findings, format_summary
-
         s = summary if summary is not None else self.summary()
         return format_summary(s) + "\n\n" + format_findings(self.advice(s))
 
@@ -345,13 +325,9 @@ class StepProfiler:
         return _ranges.export_chrome_trace(path, self)
 
     def write_png(self, path: str) -> Optional[str]:
-        from .report import write_png
-
         return write_png(self.history(), path)
 
     def write_tensorboard(self, logdir: str) -> bool:
-        from .report import write_tensorboard
-
         return write_tensorboard(self.history(), logdir)
 
     def __repr__(self) -> str:

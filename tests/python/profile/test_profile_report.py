@@ -2,6 +2,7 @@
 known numbers: the summary table and findings read back from their text, the PNG opened with
 Pillow, the TensorBoard scalars read back from the event file."""
 
+import os
 import random
 import re
 import subprocess
@@ -307,6 +308,21 @@ def test_png_of_an_empty_history_warns_and_writes_nothing(tmp_path):
     with pytest.warns(UserWarning, match="no steps"):
         assert write_png(StepHistory(), path) is None
     assert not path.exists()
+
+
+def test_png_returns_the_file_it_wrote_and_refuses_a_folder_or_an_empty_path(tmp_path):
+    # Issue 23 item 25: a folder or "" was returned as given while the PNG went to <dir>.png/.png.
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    h = make_history(3)
+    for bad in (tmp_path, str(tmp_path) + "/", ""):
+        with pytest.raises(ValueError, match="path must name a file"):
+            write_png(h, bad)
+    with pytest.raises(TypeError, match="path must be a str"):
+        write_png(h, 3)
+    assert sorted(p.name for p in tmp_path.parent.iterdir() if p.name.endswith(".png")) == []
+    assert list(tmp_path.iterdir()) == []
+    got = write_png(h, tmp_path / "steps")  # matplotlib adds the suffix: the real name comes back
+    assert got == str(tmp_path / "steps.png") and os.path.getsize(got) > 0
 
 
 def test_png_without_matplotlib_warns(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The doctor's rules (torchspeed.profile.advice): each injected bottleneck is named first with the
+"""The doctor's rules (torchspeed.profile.rules, .lints, .advice): each injected bottleneck is named first with the
 promised arithmetic, each lint fires on a flawed object and not on a sound one, and random phase
 splits (hypothesis) rank the dominant phase first and never raise."""
 
@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 import torchspeed
-from torchspeed.profile import advice
-from torchspeed.profile.advice import advise, breakdown_rules, lint
+from torchspeed.profile import rules
+from torchspeed.profile.advice import advise
+from torchspeed.profile.lints import lint
+from torchspeed.profile.rules import breakdown_rules
 from torchspeed.profile.summary import PHASES, PhaseStat, RunFacts, StepSummary
 
 # Estimates are plain float arithmetic on the same numbers: 1e-9 relative is rounding only.
@@ -72,7 +74,7 @@ def test_data_bound_names_data_wait_first_with_workers_estimate():
     assert f.title == "data wait is 41% of the step (12.3 ms of 30.0 ms)"
     assert "num_workers=N" in f.fix and "torchspeed.data.DataLoader" in f.fix
     assert "num_workers=0" in f.detail and "torch.utils.data.DataLoader" in f.detail
-    expected = 0.030 - 0.0123 * (1 - advice.DATA_WAIT_WITH_WORKERS)
+    expected = 0.030 - 0.0123 * (1 - rules.DATA_WAIT_WITH_WORKERS)
     assert f.est_step_s == pytest.approx(expected, rel=REL)
     assert f.est_gain_s == pytest.approx(0.030 - expected, rel=REL)
     # The lint half names the same loader; it has no estimate, so it ranks after.
@@ -105,10 +107,10 @@ def test_data_wait_fix_follows_the_loader_facts():
 @pytest.mark.parametrize(
     "make_opt, factor",
     [
-        (lambda: torch.optim.AdamW(_param(), foreach=True), advice.OPT_LOOP_TO_FUSED),
-        (lambda: torch.optim.AdamW(_param(), foreach=False), advice.OPT_LOOP_TO_FUSED),
-        (lambda: torch.optim.SGD(_param(), lr=0.1), advice.OPT_LOOP_TO_FUSED),
-        (lambda: torch.optim.AdamW(_param(), fused=True), advice.OPT_TORCH_FUSED_TO_TORCHSPEED),
+        (lambda: torch.optim.AdamW(_param(), foreach=True), rules.OPT_LOOP_TO_FUSED),
+        (lambda: torch.optim.AdamW(_param(), foreach=False), rules.OPT_LOOP_TO_FUSED),
+        (lambda: torch.optim.SGD(_param(), lr=0.1), rules.OPT_LOOP_TO_FUSED),
+        (lambda: torch.optim.AdamW(_param(), fused=True), rules.OPT_TORCH_FUSED_TO_TORCHSPEED),
     ],
     ids=["foreach", "for-loop", "default", "fused"],
 )
@@ -144,9 +146,9 @@ def test_copy_bound_names_h2d_first_on_cuda():
     assert f.title == "host-to-device copy is 40% of the step (10.0 ms of 25.0 ms)"
     assert "pin_memory=True" in f.fix and "non_blocking=True" in f.fix
     assert "DevicePrefetcher" in f.fix and "20 over 10 steps (2.0 per step)" in f.detail
-    assert f.est_step_s == pytest.approx(0.025 - 0.010 * (1 - advice.H2D_OVERLAPPED), rel=REL)
+    assert f.est_step_s == pytest.approx(0.025 - 0.010 * (1 - rules.H2D_OVERLAPPED), rel=REL)
     amp = _by_rule(out)["amp"]
-    assert amp.est_gain_s == pytest.approx(0.009 * (1 - advice.AMP_CUDA), rel=REL)
+    assert amp.est_gain_s == pytest.approx(0.009 * (1 - rules.AMP_CUDA), rel=REL)
     assert [x.rule for x in out] == ["h2d", "amp", "h2d_pageable", "h2d_blocking"]
 
 
@@ -155,8 +157,8 @@ def test_comm_bound_names_comm_first_with_accumulation():
     f = advise(s, RunFacts(ddp=True))[0]
     assert f.rule == "comm" and f.severity == "critical"
     assert f.title == "communication is 40% of the step (24.0 ms of 60.0 ms)"
-    assert f"AccumulatingDDP(model, accumulation_steps={advice.ACCUM_K})" in f.fix
-    assert f.est_step_s == pytest.approx(0.060 - 0.024 * (1 - 1 / advice.ACCUM_K), rel=REL)
+    assert f"AccumulatingDDP(model, accumulation_steps={rules.ACCUM_K})" in f.fix
+    assert f.est_step_s == pytest.approx(0.060 - 0.024 * (1 - 1 / rules.ACCUM_K), rel=REL)
 
 
 def test_comm_advice_reads_k_off_a_real_accumulating_ddp(tmp_path):
@@ -188,7 +190,7 @@ def test_thresholds_warning_critical_and_the_2ms_floor():
 def test_amp_rule_device_and_cpu_bf16():
     s = make_summary(0.100, {"forward": 0.030, "backward": 0.050})
     cpu_bf16 = _by_rule(advise(s, RunFacts(bf16_capable_cpu=True)))["amp"]
-    assert cpu_bf16.est_step_s == pytest.approx(0.100 - 0.080 * (1 - advice.AMP_CPU_BF16), rel=REL)
+    assert cpu_bf16.est_step_s == pytest.approx(0.100 - 0.080 * (1 - rules.AMP_CPU_BF16), rel=REL)
     assert 'torch.autocast("cpu"' in cpu_bf16.fix
     assert advise(s, RunFacts()) == []  # a CPU without bf16 math: nothing to win
     assert advise(s, RunFacts(device_type="cuda", autocast_used=True)) == []
@@ -210,7 +212,7 @@ def test_cudnn_benchmark_needs_cuda_fixed_shapes_and_convs():
     base = dict(device_type="cuda", autocast_used=True, fixed_input_shapes=True)
     f = _by_rule(advise(s, RunFacts(models=[_convnet(False)], **base)))["cudnn_benchmark"]
     assert f.fix == "torch.backends.cudnn.benchmark = True before the first step"
-    assert f.est_step_s == pytest.approx(0.100 - 0.080 * (1 - advice.CUDNN_BENCHMARK), rel=REL)
+    assert f.est_step_s == pytest.approx(0.100 - 0.080 * (1 - rules.CUDNN_BENCHMARK), rel=REL)
     mlp = nn.Sequential(nn.Linear(4, 4))
     assert "cudnn_benchmark" not in _by_rule(advise(s, RunFacts(models=[mlp], **base)))
     on = dict(base, cudnn_benchmark=True)
@@ -236,7 +238,7 @@ def test_launch_bound_and_gpu_idle():
     (f,) = advise(s, stall)
     assert f.rule == "gpu_idle" and f.severity == "warning" and "host stall" in f.fix
     assert f.title == "the GPU is idle 40% of the step (8.0 ms of 20.0 ms)"
-    assert f.est_step_s == pytest.approx(0.020 - 0.4 * 0.020 * (1 - advice.GPU_IDLE_STALL), rel=REL)
+    assert f.est_step_s == pytest.approx(0.020 - 0.4 * 0.020 * (1 - rules.GPU_IDLE_STALL), rel=REL)
     # Idle time that the data wait explains is not blamed on a stall.
     fed = make_summary(0.020, {"data_wait": 0.006, "forward": 0.006, "backward": 0.006})
     facts = RunFacts(device_type="cuda", autocast_used=True, gpu_idle_share=0.4)

@@ -4,23 +4,34 @@ timeline charges queued GPU work to the phase that launched it (a simulated GPU 
 ranges, the Chrome trace, the loader's worker tracks, the doctor on an unmodified script and the
 distributed summary (two gloo ranks under torchrun)."""
 
+import io
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 import torch
-from profile_helpers import assert_phases
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from profile_helpers import (
+    REPO,
+    _assert_hooks_removed,
+    _load_trace,
+    _model,
+    _train_step,
+    assert_phases,
+)
 from torch import nn
 
 import torchspeed
 import torchspeed.profile as tsp
+from torchspeed.profile import ranges as ranges_mod
 from torchspeed.profile import step as step_mod
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 P = torchspeed._C.profile
 
 
@@ -278,8 +289,6 @@ def test_torchspeed_loader_and_optimizer_report_phases_without_hooks():
 
 
 def _my_events():
-    import threading
-
     tid = threading.get_native_id()
     for os_tid, _name, events in P.snapshot():
         if os_tid == tid:
@@ -522,3 +531,399 @@ def test_doctor_names_the_injected_bottleneck_first(bottleneck, rule):
     assert largest == bottleneck and s.phases[bottleneck].share > 0.25, s.phases
     assert findings and findings[0].rule == rule, [f.rule for f in findings]
     assert findings[0].est_step_s < s.step_median_s
+
+
+# ---- StepProfiler: arguments --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(warmup=-1), "warmup"),
+        (dict(warmup=1.5), "warmup"),
+        (dict(device="tpu"), "device"),
+        (dict(step_on="x"), "step_on"),
+        (dict(step_on="Optimizer"), "step_on"),
+        (dict(history_steps=0), "history_steps"),
+    ],
+)
+def test_step_profiler_bad_arguments_are_clear_value_errors(kw, match):
+    with pytest.raises(ValueError, match=rf"torchspeed\.profile\.StepProfiler: {match}"):
+        tsp.StepProfiler(**kw)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_step_profiler_cuda_without_cuda_is_a_clear_error():
+    with pytest.raises(ValueError, match="device='cuda' but CUDA is not available"):
+        tsp.StepProfiler(device="cuda")
+
+
+@pytest.mark.parametrize("hs", [-1, 1.5, "8", True])
+def test_step_profiler_history_steps_of_a_wrong_type_is_named(hs):
+    with pytest.raises(
+        (ValueError, TypeError), match=r"^torchspeed\.profile\.StepProfiler: history_steps"
+    ):
+        tsp.StepProfiler(history_steps=hs)
+
+
+@pytest.mark.parametrize("which", ["warmup", "doctor_steps"])
+def test_bools_are_not_counts(which):
+    with pytest.raises((ValueError, TypeError), match=r"^torchspeed\.profile"):
+        if which == "warmup":
+            tsp.StepProfiler(warmup=True)
+        else:
+            with tsp.doctor(steps=True, out=None, progress=False, file=io.StringIO()):
+                pass
+
+
+@pytest.mark.parametrize("samples", [-5, 1.7, "abc", 2**70])
+def test_step_samples_are_validated(samples):
+    prof = tsp.StepProfiler(device="cpu")
+    with prof:
+        with pytest.raises(
+            (ValueError, TypeError), match=r"^torchspeed\.profile\.StepProfiler\.step: samples"
+        ):
+            prof.step(samples)
+        assert prof.steps == 0
+
+
+@pytest.mark.skipif(P.nvtx_available(), reason="needs a build without NVTX")
+def test_nvtx_without_cuda_fails_leaving_nothing_half_done():
+    P.set_enabled(False)
+    with pytest.raises((RuntimeError, ValueError), match="NVTX"):
+        tsp.StepProfiler(device="cpu", nvtx=True).start()
+    assert ranges_mod._timeline() is None
+    assert P.enabled() is False
+
+
+# ---- StepProfiler: lifecycle ---------------------------------------------------------------------
+
+
+def test_step_without_start_records_no_zero_length_step():
+    prof = tsp.StepProfiler(device="cpu", warmup=0)
+    for _ in range(4):
+        time.sleep(0.002)
+        prof.step()
+    prof.stop()
+    h = prof.history()
+    assert len(h) >= 3
+    assert min(h.step_ns) >= 1.5e6, h.step_ns
+
+
+def test_step_from_another_thread_raises_and_records_nothing():
+    prof = tsp.StepProfiler(device="cpu")
+    errors = []
+    with prof:
+        prof.step()
+
+        def other():
+            try:
+                prof.step()
+            except RuntimeError as e:
+                errors.append(str(e))
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(timeout=30)
+        assert prof.steps == 1
+    assert len(errors) == 1 and "thread that started the profiler" in errors[0]
+
+
+def test_two_profilers_on_one_thread_the_second_refuses_and_the_first_keeps_working():
+    P.set_enabled(False)
+    a, b = tsp.StepProfiler(device="cpu", warmup=0), tsp.StepProfiler(device="cpu")
+    with a:
+        with pytest.raises(RuntimeError, match="another StepProfiler is running on this thread"):
+            b.start()
+        with tsp.phase("forward"):
+            time.sleep(0.005)
+        a.step()
+        assert a.history().phase_ns["forward"][-1] >= 4e6
+        assert b.steps == 0
+    assert P.enabled() is False
+    assert ranges_mod._timeline() is None
+
+
+def test_nested_with_of_one_profiler_keeps_it_running_or_refuses():
+    prof = tsp.StepProfiler(device="cpu", warmup=0)
+    with prof:
+        try:
+            with prof:
+                prof.step()
+        except RuntimeError:
+            pass  # refusing the nested enter is fine too
+        assert P.enabled()
+        prof.step()
+        with tsp.phase("forward"):
+            time.sleep(0.005)
+        prof.step()
+        assert prof.history().phase_ns["forward"][-1] >= 4e6
+
+
+def test_stop_twice_and_stop_before_start_are_no_ops():
+    P.set_enabled(False)
+    prof = tsp.StepProfiler(device="cpu", hooks=True)
+    prof.stop()
+    with prof:
+        prof.step()
+    prof.stop()
+    prof.stop()
+    assert P.enabled() is False
+    _assert_hooks_removed()
+    assert prof.steps == 1
+
+
+def test_step_after_stop_does_not_reinstall_the_hooks():
+    P.set_enabled(False)
+    prof = tsp.StepProfiler(device="cpu", hooks=True)
+    with prof:
+        prof.step()
+    try:
+        prof.step()
+    except RuntimeError:
+        pass  # refusing is fine
+    assert P.enabled() is False
+    _assert_hooks_removed()
+
+
+def test_summary_and_report_with_zero_and_one_step():
+    prof = tsp.StepProfiler(device="cpu")
+    s = prof.summary()
+    assert (
+        s.steps == 0
+        and s.step_median_s == 0.0
+        and all(st_.share == 0.0 for st_ in s.phases.values())
+    )
+    assert "no steps summarized" in prof.report()
+    with prof:
+        time.sleep(0.002)
+        prof.step()
+    s = prof.summary()
+    assert s.steps == 1  # warmup=1 keeps the only step rather than summarizing nothing
+    assert s.step_median_s >= 1.5e-3
+    assert abs(sum(p.share for p in s.phases.values()) - 1.0) < 1e-9
+    assert "1 step summarized" in prof.report()
+
+
+def test_history_is_bounded_and_the_trace_numbers_the_kept_steps(tmp_path):
+    prof = tsp.StepProfiler(device="cpu", history_steps=8)
+    with prof:
+        for _ in range(100):
+            prof.step()
+    h = prof.history()
+    assert len(h) == 8 and h.steps_dropped == 92 and prof.steps == 100
+    assert all(len(v) == 8 for v in h.phase_ns.values()) and len(h.end_ns) == 8
+    assert h.end_ns == sorted(h.end_ns)
+    d = _load_trace(prof.export_chrome_trace(str(tmp_path / "t.json")))
+    steps = [e["name"] for e in d["traceEvents"] if e.get("cat") == "step"]
+    assert steps == [f"step {i}" for i in range(92, 100)]
+
+
+def test_profilers_on_two_threads_do_not_switch_each_other_off():
+    P.set_enabled(False)
+    a, b = tsp.StepProfiler(device="cpu"), tsp.StepProfiler(device="cpu", warmup=0)
+    started, b_started, a_stopped = threading.Event(), threading.Event(), threading.Event()
+
+    def run_a():
+        a.start()
+        started.set()
+        b_started.wait(30)
+        a.stop()
+        a_stopped.set()
+
+    t = threading.Thread(target=run_a)
+    t.start()
+    assert started.wait(30)
+    with b:
+        b_started.set()
+        assert a_stopped.wait(30)
+        assert P.enabled()
+        with tsp.phase("forward"):
+            time.sleep(0.005)
+        b.step()
+        assert b.history().phase_ns["forward"][-1] >= 4e6
+    t.join(timeout=30)
+
+
+def test_a_second_hooked_profiler_is_refused_and_the_first_removes_every_hook():
+    # torch's hooks are process-wide: one hooked profiler at a time (a second one on another
+    # thread is a clear error, not a tangle of patches restored out of order).
+    a, b = tsp.StepProfiler(device="cpu", hooks=True), tsp.StepProfiler(device="cpu", hooks=True)
+    started, tried = threading.Event(), threading.Event()
+
+    def run_a():
+        a.start()
+        started.set()
+        tried.wait(30)
+        a.stop()
+
+    t = threading.Thread(target=run_a)
+    t.start()
+    assert started.wait(30)
+    with pytest.raises(
+        RuntimeError, match=r"^torchspeed\.profile\.StepProfiler: hooks=True while another"
+    ):
+        b.start()
+    tried.set()
+    t.join(timeout=30)
+    _assert_hooks_removed()
+    b.start()  # free again once the first has stopped
+    b.stop()
+    _assert_hooks_removed()
+
+
+def test_stop_from_another_thread_releases_the_starting_thread():
+    prof = tsp.StepProfiler(device="cpu")
+    prof.start()
+    prof.step()
+    t = threading.Thread(target=prof.stop)
+    t.start()
+    t.join(timeout=30)
+    assert ranges_mod._timeline() is None  # the stopped timeline is dropped on this thread
+    q = tsp.StepProfiler(device="cpu")
+    q.start()  # raises "another StepProfiler is running on this thread" today
+    q.stop()
+
+
+# ---- phases sum to the step ---------------------------------------------------------------------
+
+_OP = st.one_of(
+    st.tuples(st.just("enter"), st.sampled_from(list(tsp.PHASES) + [None])),
+    st.just(("exit",)),
+    st.just(("step",)),
+    st.tuples(st.just("spin"), st.integers(0, 300)),
+)
+
+
+def _spin_us(us):
+    t0 = time.perf_counter_ns()
+    while time.perf_counter_ns() - t0 < us * 1000:
+        pass
+
+
+def _play(prof, ops):
+    names = {
+        p: (tsp.phase(p, f"hyp.{p}") if p else tsp.range("hyp.plain"))
+        for p in list(tsp.PHASES) + [None]
+    }
+    open_ = []
+    with prof:
+        for op in ops:
+            if op[0] == "enter" and len(open_) < 50:
+                r = names[op[1]]
+                r.__enter__()
+                open_.append(r)
+            elif op[0] == "exit" and open_:
+                open_.pop().__exit__(None, None, None)
+            elif op[0] == "step":
+                prof.step()
+            elif op[0] == "spin":
+                _spin_us(op[1])
+        while open_:
+            open_.pop().__exit__(None, None, None)
+        prof.step()
+
+
+def _assert_sums(h, n_steps):
+    assert len(h) == n_steps
+    for i in range(len(h)):
+        assert h.step_ns[i] >= 0
+        assert all(h.phase_ns[p][i] >= 0 for p in tsp.PHASES)
+        assert sum(h.phase_ns[p][i] for p in tsp.PHASES) == h.step_ns[i], i
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_OP, max_size=60))
+def test_phases_sum_exactly_to_the_step_on_random_layouts(ops):
+    prof = tsp.StepProfiler(device="cpu", warmup=0, history_steps=1000)
+    _play(prof, ops)
+    _assert_sums(prof.history(), 1 + sum(op[0] == "step" for op in ops))
+    assert P.end() is False
+
+
+class _HostEvent:
+    """A stand-in torch.cuda.Event on the host clock (the GPU keeps up)."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter_ns()
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) / 1e6
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(st.lists(_OP, max_size=60))
+def test_cuda_timeline_phases_sum_exactly_to_the_step_on_random_layouts(monkeypatch, ops):
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    prof = tsp.StepProfiler(device="cpu", warmup=0, history_steps=1000)
+    prof._timeline = step_mod._CudaTimeline(prof._cpp)
+    _play(prof, ops)
+    h = prof.history()
+    assert h.clock == "cuda"
+    _assert_sums(h, sum(op[0] == "step" for op in ops) + 1)
+
+
+class _LaggingEvent(_HostEvent):
+    """A GPU running behind: nothing completes until someone synchronizes."""
+
+    def record(self, stream=None):
+        super().record()
+        self.done = False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+
+
+def test_doctor_stops_after_its_steps_while_the_gpu_runs_behind(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", _LaggingEvent)
+    m, opt = _model()
+    ran = 0
+    with tsp.doctor(steps=3, device="cuda", out=None, progress=False, file=io.StringIO()):
+        for _ in range(30):
+            _train_step(m, opt)
+            ran += 1
+    assert ran == 2  # the third opt.step() raises StopRun
+
+
+# ---- memory -------------------------------------------------------------------------------------
+
+
+def _rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_50k_steps_with_phases_keep_memory_bounded():
+    fw, bw, inner = tsp.phase("forward"), tsp.phase("backward"), tsp.range("mem.inner")
+    prof = tsp.StepProfiler(device="cpu")
+    with prof:
+        for _ in range(2000):
+            prof.step()
+        r0 = _rss()
+        for _ in range(50_000):
+            with fw:
+                pass
+            with bw:
+                with inner:
+                    pass
+            prof.step()
+    grown = _rss() - r0
+    assert grown < 10e6, f"RSS grew {grown / 1e6:.1f} MB"
+    assert len(prof.history()) == 16384 and prof.steps == 52_000

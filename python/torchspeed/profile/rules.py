@@ -1,0 +1,498 @@
+"""The doctor's breakdown rules: findings from a run's step times (which phase is large, what fix
+shrinks it, and the estimated step after the fix), with the thresholds and the promised effect of
+each fix written beside their sources.
+
+    findings = breakdown_rules(summarize(history), facts)   # unranked; advise() ranks them
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+import torch.fx
+from torch import nn
+
+from .facts import (
+    _TORCHSPEED_OPTIMIZERS,
+    _accumulation_k,
+    _counter,
+    _cuda,
+    _list,
+    _loaders,
+    _models,
+    _modules_of,
+    _ms,
+    _num,
+    _optimizer_kind,
+    _pct,
+    _per_step,
+    _phase_s,
+    _share,
+    _step_s,
+)
+from .summary import PHASES, Finding, RunFacts, StepSummary
+
+# ---- thresholds -----------------------------------------------------------------------------
+# TraceML's step diagnostics (profiler.md §1, "Other systems"): input / H2D / residual warn at
+# 10 % of the step and are critical at 20 %, and only with >= 2 ms of absolute time, so a large
+# share of a sub-millisecond step (noise, nothing to win) stays quiet.
+WARN_SHARE = 0.10
+CRITICAL_SHARE = 0.20
+MIN_PHASE_S = 0.002
+# Acceptance criterion C10 (profiler.md §5): no input-bound finding when the input wait is under
+# 5 %; the deleted TensorBoard plugin's DataLoader rule fired at 5 % too. A hard floor under every
+# share rule, whatever the other thresholds are set to.
+NEVER_BELOW_SHARE = 0.05
+# AMP pays off only when the step is mostly compute: a 30 % floor (project brief) keeps it off
+# input-, copy- or comm-bound steps, where the other rules have the larger gain anyway.
+AMP_MIN_COMPUTE_SHARE = 0.30
+# Launch-bound: modules this cheap on the host (< 20 µs per call: a handful of kernel launches)
+# with the GPU idle much of the step mean the GPU waits for launches. Figure from the brief.
+LAUNCH_BOUND_HOST_S_PER_CALL = 20e-6
+# GPU idle share from CUDA events (HTA reports idle time as a diagnosis; the deleted TB plugin
+# advised at GPU utilization < 50 %, i.e. idle > 50 %: our critical). 30 % = warning (brief).
+GPU_IDLE_HIGH_SHARE = 0.30
+GPU_IDLE_CRITICAL_SHARE = 0.50
+# Straggler: the slowest rank's median step against the other ranks' median step (TraceML and
+# HTA name a culprit rank). 1.1x is the brief's figure; 1.25x critical is our choice.
+STRAGGLER_RATIO = 1.10
+STRAGGLER_CRITICAL_RATIO = 1.25
+# Peak memory below a quarter of the device (brief): room to at least double the batch. The TB
+# plugin advised a bigger batch too, from low GPU utilization.
+BATCH_MEMORY_FRACTION = 0.25
+
+# ---- promises: what each fix is assumed to do to its phase (the estimate's arithmetic) --------
+# Prefetching workers leave 10 % of the data wait: the loader runs ahead and the step waits only
+# for the occasional late batch. Planning figure (project brief), not measured in this repo;
+# bench/RESULTS.md "Loader" shows torchspeed's C++ threads at 2x torch's images/s per core.
+DATA_WAIT_WITH_WORKERS = 0.10
+# A torch for-loop or foreach optimizer replaced by a fused one: x0.4 of the optimizer phase.
+# Conservative: bench/RESULTS.md "Fused AdamW step" measured x0.27 (ResNet-50, 55.7-60.0 ms ->
+# 16.4 ms) and x0.20 (GPT-2 small) on CPU.
+OPT_LOOP_TO_FUSED = 0.4
+# torch's fused=True replaced by torchspeed's: x0.8. Same bench: x0.96-1.04 for a few large
+# tensors (both bandwidth-bound), x0.46 for 10,000 small tensors; 0.8 is a middle figure.
+OPT_TORCH_FUSED_TO_TORCHSPEED = 0.8
+# Pinned memory + non_blocking + a device prefetch a batch ahead hides the copy behind compute,
+# leaving 20 % of it (the part that still contends for memory bandwidth). Planning figure (brief).
+H2D_OVERLAPPED = 0.2
+# torchspeed.dist.AccumulatingDDP all-reduces once per k micro-steps: comm per step / k.
+# k = 4 is the suggestion when no k is known (a common accumulation depth; the loss of overlap
+# per micro-step is small against a 4x cut).
+ACCUM_K = 4
+# AMP: bf16/fp16 tensor cores run matmul/conv several times faster than fp32, the rest of the
+# step less; x0.5 of forward+backward on GPU, x0.7 on a CPU with native bf16 (AVX-512 BF16 / AMX).
+# Planning figures (brief), not measured in this repo.
+AMP_CUDA = 0.5
+AMP_CPU_BF16 = 0.7
+# cudnn.benchmark picks the fastest conv algorithm per shape once; with fixed shapes that saves
+# ~10 % of forward+backward on conv nets. Planning figure (brief).
+CUDNN_BENCHMARK = 0.9
+# CUDA graphs / torch.compile(mode="reduce-overhead") replay a step's launches at once: x0.5 of
+# forward+backward when launch-bound. Planning figure (brief).
+LAUNCH_BOUND_GRAPHS = 0.5
+# An unexplained host stall (a .item(), a sync) found and removed: half the idle time back.
+# Planning figure (brief): the stall is unknown, so only part of it is claimed.
+GPU_IDLE_STALL = 0.5
+
+_LABEL = {
+    "data_wait": "data wait",
+    "h2d": "host-to-device copy",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer step",
+    "comm": "communication",
+    "other": "other (unattributed)",
+}
+
+
+def _severity(share: float, seconds: float) -> Optional[str]:
+    """The TraceML rule: warning at >= 10 % and >= 2 ms, critical at >= 20 %; never under 5 %."""
+    if share < NEVER_BELOW_SHARE or share < WARN_SHARE or seconds < MIN_PHASE_S:
+        return None
+    return "critical" if share >= CRITICAL_SHARE else "warning"
+
+
+def _phase_title(summary: Any, phase: str) -> str:
+    return (
+        f"{_LABEL[phase]} is {_pct(_share(summary, phase))} of the step "
+        f"({_ms(_phase_s(summary, phase))} of {_ms(_step_s(summary))})"
+    )
+
+
+def _estimated(
+    rule: str,
+    severity: str,
+    title: str,
+    fix: str,
+    detail: str,
+    step_s: float,
+    saved_s: Optional[float],
+) -> Finding:
+    """A breakdown finding; saved_s None = no honest estimate (est_step_s None, gain 0)."""
+    if saved_s is None or step_s <= 0:
+        return Finding(rule, severity, title, fix, detail, None, 0.0, "breakdown")
+    saved_s = min(max(saved_s, 0.0), step_s)
+    return Finding(rule, severity, title, fix, detail, step_s - saved_s, saved_s, "breakdown")
+
+
+def _optimizer_factor(kind: str) -> float:
+    if kind == "torchspeed":
+        return 1.0
+    return OPT_TORCH_FUSED_TO_TORCHSPEED if kind == "fused" else OPT_LOOP_TO_FUSED
+
+
+# ---- breakdown rules -------------------------------------------------------------------------
+def _data_wait(summary: Any, facts: Any) -> List[Finding]:
+    step, share, t = _step_s(summary), _share(summary, "data_wait"), _phase_s(summary, "data_wait")
+    sev = _severity(share, t)
+    if sev is None:
+        return []
+    loaders = _loaders(facts)
+    saved = t * (1.0 - DATA_WAIT_WITH_WORKERS)
+    seen = "; ".join(x.describe() for x in loaders) or "no loader was seen by the hooks"
+    detail = f"loaders: {seen}."
+    cores = os.cpu_count() or 1
+    no_workers = [x for x in loaders if x.torch_backed and x.num_workers == 0]
+    native_images = [x for x in loaders if not x.torch_backed and x.images]
+    unpinned = [x for x in loaders if x.torch_backed and x.pin_memory is False]
+    if no_workers:
+        fix = (
+            "load in background workers: torchspeed.data.DataLoader(..., num_workers=N) (or "
+            f"torch's DataLoader(num_workers=N)), N up to the free cores ({cores} here)"
+        )
+    elif native_images:
+        x = native_images[0]
+        fix = (
+            f"more C++ decode threads: torchspeed.data.DataLoader(..., num_workers="
+            f"{max(2 * (x.num_workers or 1), 2)}) (now {x.num_workers}), and for small outputs "
+            'WebDataset(..., decode_scaling="fast") (1.2-1.7x images/s at <= 112 px, '
+            "bench/RESULTS.md)"
+        )
+    elif _cuda(facts) and unpinned:
+        x = unpinned[0]
+        fix = (
+            f"pin_memory=True and .to(device, non_blocking=True), and more workers: "
+            f"DataLoader(..., num_workers={max(2 * (x.num_workers or 1), 2)}) "
+            f"(now {x.num_workers})"
+        )
+    elif loaders:
+        x = loaders[0]
+        more = f"num_workers={max(2 * (x.num_workers or 1), 2)}) (now {x.num_workers})"
+        if x.torch_backed:
+            fix = (
+                f"more workers: DataLoader(..., {more}, or torchspeed.data.DataLoader over a "
+                "native source (WebDataset / NpySource / TensorSource: C++ threads, no Python "
+                "per sample)"
+            )
+        else:
+            fix = f"more C++ threads: torchspeed.data.DataLoader(..., {more}"
+    else:
+        fix = "prefetch batches in workers: torchspeed.data.DataLoader(..., num_workers=N)"
+    detail += (
+        f" Estimate: prefetching workers leave {_pct(DATA_WAIT_WITH_WORKERS)} of the data wait "
+        f"({_ms(t)} -> {_ms(t * DATA_WAIT_WITH_WORKERS)})."
+    )
+    return [
+        _estimated("data_wait", sev, _phase_title(summary, "data_wait"), fix, detail, step, saved)
+    ]
+
+
+def _optimizer(summary: Any, facts: Any) -> List[Finding]:
+    step, share, t = _step_s(summary), _share(summary, "optimizer"), _phase_s(summary, "optimizer")
+    sev = _severity(share, t)
+    if sev is None:
+        return []
+    opts = [(o, _optimizer_kind(o)) for o in _list(facts, "optimizers")]
+    opts = [(o, k) for o, k in opts if k is not None]
+    title = _phase_title(summary, "optimizer")
+    if not opts:
+        fix = "a fused optimizer: torchspeed.optim.AdamW / SGD / Adam / Lion / LAMB (drop-in)"
+        detail = (
+            "No optimizer was seen by the hooks, so its implementation and the gain are unknown."
+        )
+        return [_estimated("optimizer", sev, title, fix, detail, step, None)]
+    kinds = ", ".join(f"{type(o).__module__}.{type(o).__name__} ({k})" for o, k in opts)
+    if all(k == "torchspeed" for _, k in opts):
+        fix = (
+            "already torchspeed's fused optimizer: amortize the step over more samples (a larger "
+            "batch, or torchspeed.dist.AccumulatingDDP(model, k=...) to step every k micro-steps)"
+        )
+        return [_estimated("optimizer", "info", title, fix, f"optimizers: {kinds}.", step, None)]
+    slow = [o for o, k in opts if k != "torchspeed"]
+    names = sorted(
+        {type(o).__name__ if type(o).__name__ in _TORCHSPEED_OPTIMIZERS else "AdamW" for o in slow}
+    )
+    fix = (
+        " / ".join(f"torchspeed.optim.{n}" for n in names)
+        + " (drop-in, fused: one kernel per bucket of params)"
+    )
+    # Several optimizers: assume the phase splits evenly between them (their times are not known).
+    factor = sum(_optimizer_factor(k) for _, k in opts) / len(opts)
+    detail = (
+        f"optimizers: {kinds}. Estimate: x{OPT_LOOP_TO_FUSED} for a for-loop/foreach torch "
+        f"optimizer, x{OPT_TORCH_FUSED_TO_TORCHSPEED} for torch fused=True (bench/RESULTS.md); "
+        f"here x{factor:.2f} ({_ms(t)} -> {_ms(t * factor)})."
+    )
+    return [_estimated("optimizer", sev, title, fix, detail, step, t * (1.0 - factor))]
+
+
+def _h2d(summary: Any, facts: Any) -> List[Finding]:
+    step, share, t = _step_s(summary), _share(summary, "h2d"), _phase_s(summary, "h2d")
+    sev = _severity(share, t)
+    if sev is None:
+        return []
+    fix = (
+        "pin_memory=True and .to(device, non_blocking=True), copied a batch ahead: "
+        "torchspeed.data.DevicePrefetcher(loader, device) or torchspeed.data.DataLoader(..., "
+        "device=...)"
+    )
+    loaders = _loaders(facts)
+    detail = (
+        f"pageable copies: {_per_step(facts, _counter(facts, 'h2d_pageable'))}; blocking copies: "
+        f"{_per_step(facts, _counter(facts, 'h2d_blocking'))}; loaders: "
+        f"{'; '.join(x.describe() for x in loaders) or 'none seen'}. Estimate: an overlapped copy "
+        f"leaves {_pct(H2D_OVERLAPPED)} of it ({_ms(t)} -> {_ms(t * H2D_OVERLAPPED)})."
+    )
+    saved = t * (1.0 - H2D_OVERLAPPED)
+    return [_estimated("h2d", sev, _phase_title(summary, "h2d"), fix, detail, step, saved)]
+
+
+def _comm(summary: Any, facts: Any) -> List[Finding]:
+    step, share, t = _step_s(summary), _share(summary, "comm"), _phase_s(summary, "comm")
+    sev = _severity(share, t)
+    if sev is None:
+        return []
+    k_now = _accumulation_k(facts)
+    k_new = 2 * k_now if k_now else ACCUM_K
+    ratio = (k_now or 1) / k_new  # comm per step goes from 1/k_now to 1/k_new of a sync per step
+    if k_now:
+        fix = (
+            f"a larger k: torchspeed.dist.AccumulatingDDP(model, accumulation_steps={k_new}) "
+            f"(now {k_now})"
+        )
+    else:
+        fix = (
+            "all-reduce every k micro-steps: "
+            f"torchspeed.dist.AccumulatingDDP(model, accumulation_steps={k_new}) "
+            "(or a larger batch per rank)"
+        )
+    world = int(_num(getattr(summary, "world_size", 1), 1))
+    detail = (
+        f"world_size={world}, ddp={bool(getattr(facts, 'ddp', False))}. Estimate: comm / "
+        f"{k_new / (k_now or 1):g} ({_ms(t)} -> {_ms(t * ratio)})."
+    )
+    title = _phase_title(summary, "comm")
+    return [_estimated("comm", sev, title, fix, detail, step, t * (1.0 - ratio))]
+
+
+def _compute(summary: Any) -> Tuple[float, float]:
+    return (
+        _share(summary, "forward") + _share(summary, "backward"),
+        _phase_s(summary, "forward") + _phase_s(summary, "backward"),
+    )
+
+
+def _low_precision_model(facts: Any) -> bool:
+    """A model whose floating-point parameters are all bf16/fp16 (no autocast needed)."""
+    for model in _models(facts):
+        try:
+            dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+        except Exception:  # a user module with a broken parameters(): no facts from it
+            continue
+        if dtypes and dtypes <= {torch.bfloat16, torch.float16}:
+            return True
+    return False
+
+
+def _amp(summary: Any, facts: Any) -> List[Finding]:
+    if getattr(facts, "autocast_used", False) is not False:  # used, or unknown: quiet
+        return []
+    cuda, cpu_bf16 = _cuda(facts), bool(getattr(facts, "bf16_capable_cpu", False))
+    if not cuda and not (getattr(facts, "device_type", None) == "cpu" and cpu_bf16):
+        return []
+    if _low_precision_model(facts):  # model.bfloat16() / .half(): already runs in 16 bits
+        return []
+    step = _step_s(summary)
+    share, t = _compute(summary)
+    if share < AMP_MIN_COMPUTE_SHARE or t < MIN_PHASE_S:
+        return []
+    factor = AMP_CUDA if cuda else AMP_CPU_BF16
+    where = "cuda" if cuda else "cpu"
+    title = (
+        f"forward+backward are {_pct(share)} of the step ({_ms(t)} of {_ms(step)}) in full "
+        "precision: no torch.autocast was seen"
+    )
+    fix = f'with torch.autocast("{where}", dtype=torch.bfloat16): around forward and loss'
+    if cuda:
+        fix += " (or float16 with torch.amp.GradScaler)"
+    detail = (
+        f"device={where}{', CPU with native bf16' if not cuda else ''}. Estimate: x{factor} of "
+        f"forward+backward ({_ms(t)} -> {_ms(t * factor)})."
+    )
+    return [_estimated("amp", "warning", title, fix, detail, step, t * (1.0 - factor))]
+
+
+def _cudnn_benchmark(summary: Any, facts: Any) -> List[Finding]:
+    if not _cuda(facts) or getattr(facts, "fixed_input_shapes", None) is not True:
+        return []
+    if getattr(facts, "cudnn_benchmark", True) is not False:
+        return []
+    convs = _modules_of(facts, (nn.modules.conv._ConvNd,))
+    step = _step_s(summary)
+    share, t = _compute(summary)
+    if not convs or share < WARN_SHARE or t < MIN_PHASE_S:
+        return []
+    title = (
+        f"cudnn.benchmark is off with fixed input shapes and {len(convs)} convolutions "
+        f"(forward+backward {_ms(t)}, {_pct(share)} of the step)"
+    )
+    fix = "torch.backends.cudnn.benchmark = True before the first step"
+    detail = (
+        f"convs e.g. {', '.join(n or '(root)' for n, _ in convs[:3])}. Estimate: x{CUDNN_BENCHMARK}"
+        f" of forward+backward ({_ms(t)} -> {_ms(t * CUDNN_BENCHMARK)})."
+    )
+    return [
+        _estimated("cudnn_benchmark", "info", title, fix, detail, step, t * (1 - CUDNN_BENCHMARK))
+    ]
+
+
+def _idle(facts: Any) -> Optional[float]:
+    x = getattr(facts, "gpu_idle_share", None)
+    if x is None:
+        return None
+    v = _num(x, -1.0)
+    return min(v, 1.0) if v >= 0 else None
+
+
+def _launch_bound(summary: Any, facts: Any) -> List[Finding]:
+    idle = _idle(facts)
+    per_call = _num(getattr(facts, "host_s_per_module_call", None), -1.0)
+    if not _cuda(facts) or idle is None or idle < GPU_IDLE_HIGH_SHARE:
+        return []
+    if not 0.0 < per_call < LAUNCH_BOUND_HOST_S_PER_CALL:
+        return []
+    step = _step_s(summary)
+    share, t = _compute(summary)
+    if t < MIN_PHASE_S:
+        return []
+    sev = "critical" if idle >= GPU_IDLE_CRITICAL_SHARE else "warning"
+    title = (
+        f"launch-bound: the GPU is idle {_pct(idle)} of the step while modules take "
+        f"{1e6 * per_call:.1f} µs each on the host"
+    )
+    fix = (
+        'torch.compile(model, mode="reduce-overhead") (CUDA graphs) or '
+        "torch.cuda.make_graphed_callables: replay the step's many small kernels in one launch"
+    )
+    calls = _counter(facts, "module_calls")
+    detail = (
+        f"module calls: {_per_step(facts, calls)}. Estimate: x{LAUNCH_BOUND_GRAPHS} of "
+        f"forward+backward ({_ms(t)} -> {_ms(t * LAUNCH_BOUND_GRAPHS)})."
+    )
+    saved = t * (1.0 - LAUNCH_BOUND_GRAPHS)
+    return [_estimated("launch_bound", sev, title, fix, detail, step, saved)]
+
+
+def _gpu_idle(summary: Any, facts: Any, explained: Sequence[Finding]) -> List[Finding]:
+    idle = _idle(facts)
+    if idle is None or idle < GPU_IDLE_HIGH_SHARE:
+        return []
+    rules = {f.rule for f in explained}
+    if "launch_bound" in rules:
+        return []
+    # Data wait and a blocking copy idle the GPU for a known reason; their rules already say so.
+    blamed = [p for p in ("data_wait", "h2d") if p in rules]
+    unexplained = idle - sum(_share(summary, p) for p in blamed)
+    step = _step_s(summary)
+    if unexplained < GPU_IDLE_HIGH_SHARE or unexplained * step < MIN_PHASE_S:
+        return []
+    sev = "critical" if unexplained >= GPU_IDLE_CRITICAL_SHARE else "warning"
+    title = f"the GPU is idle {_pct(idle)} of the step ({_ms(idle * step)} of {_ms(step)})"
+    if blamed:
+        title += f", {_pct(unexplained)} of it not explained by {' or '.join(blamed)}"
+    fix = (
+        "find the host stall: a .item(), .cpu(), .tolist() or print of a CUDA tensor, or "
+        "torch.cuda.synchronize(), in the step makes the host wait; move it out or do it every N "
+        "steps"
+    )
+    detail = (
+        f"Estimate: half of the unexplained idle time back (x{GPU_IDLE_STALL}: "
+        f"{_ms(unexplained * step)} -> {_ms(unexplained * step * GPU_IDLE_STALL)})."
+    )
+    saved = unexplained * step * (1.0 - GPU_IDLE_STALL)
+    return [_estimated("gpu_idle", sev, title, fix, detail, step, saved)]
+
+
+def _straggler(summary: Any) -> List[Finding]:
+    ranks = getattr(summary, "ranks", None)
+    if not isinstance(ranks, (list, tuple)) or len(ranks) < 2:
+        return []
+    # With synchronous collectives every rank's step takes as long as the slowest rank's: the
+    # others wait, and that wait shows up in their communication phase. So ranks are compared by
+    # their busy time, the step minus communication (a missing rank reads as 0 s: never slowest).
+    busy = [max(_step_s(r) - _phase_s(r, "comm"), 0.0) for r in ranks]
+    slow = max(range(len(busy)), key=lambda i: busy[i])
+    others = [i for i in range(len(ranks)) if i != slow and busy[i] > 0]
+    if not others:
+        return []
+    # The other ranks' median, not all ranks': with 2 ranks the median of all would average the
+    # straggler itself in.
+    typical = statistics.median(busy[i] for i in others)
+    ratio = busy[slow] / typical
+    if ratio < STRAGGLER_RATIO:
+        return []
+    work = [p for p in PHASES if p != "comm"]
+    excess = {
+        p: _phase_s(ranks[slow], p) - statistics.median(_phase_s(ranks[i], p) for i in others)
+        for p in work
+    }
+    phase = max(work, key=lambda p: excess[p])
+    gap = busy[slow] - typical
+    sev = "critical" if ratio >= STRAGGLER_CRITICAL_RATIO else "warning"
+    title = (
+        f"rank {slow} is a straggler: it works {ratio:.2f}x as long per step as the other ranks "
+        f"({_ms(busy[slow])} vs {_ms(typical)} outside communication), most of it in "
+        f"{_LABEL[phase]}"
+    )
+    if phase == "data_wait":
+        fix = (
+            f"rank {slow}'s input: uneven shards or a slower disk; check its loader "
+            "(num_workers, shard sizes with torchspeed.data.DataLoader(rank=, world_size=))"
+        )
+    else:
+        fix = (
+            f"rank {slow}'s host or device: CPU contention, another process on its GPU, "
+            "thermal throttling, or more work per step (uneven batch or sequence lengths)"
+        )
+    mine = _phase_s(ranks[slow], phase)
+    detail = (
+        f"rank {slow}'s {_LABEL[phase]} is {_ms(mine)} against the other ranks' median "
+        f"{_ms(mine - excess[phase])} (+{_ms(excess[phase])}); the other ranks wait for it, "
+        "in communication. Estimate: every rank's step shrinks by that excess, at most "
+        "by the gap to the typical rank."
+    )
+    saved = min(max(excess[phase], 0.0), gap)
+    return [_estimated("straggler", sev, title, fix, detail, _step_s(summary), saved)]
+
+
+def _breakdown(summary: Any, facts: Any) -> List[Finding]:
+    if summary is None:
+        return []
+    facts = facts if facts is not None else RunFacts()
+    out: List[Finding] = []
+    if _step_s(summary) > 0 and int(_num(getattr(summary, "steps", 0))) > 0:
+        for rule in (_data_wait, _optimizer, _h2d, _comm, _amp, _cudnn_benchmark, _launch_bound):
+            out += rule(summary, facts)
+        out += _gpu_idle(summary, facts, out)
+    out += _straggler(summary)
+    return out
+
+
+def breakdown_rules(summary: StepSummary, facts: RunFacts) -> List[Finding]:
+    """Findings from the step times (kind "breakdown"), each with the estimated step after its
+    fix where the promise is known; unranked. Nothing for a summary without steps."""
+    return _breakdown(summary, facts)
