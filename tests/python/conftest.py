@@ -4,27 +4,9 @@ _test_correctness(device) does. What this machine lacks is skipped with the reas
 
 import pytest
 import torch
+from support import _ALL, _ORDER, INT8_PATHS, cuda_skip_reason, runnable_isas  # noqa: F401
 
 import torchspeed
-
-# The levels every op's test runs on. avx512_vnni and amx differ from avx512 only in the int8
-# Linear's kernels, so only its tests run them (the `int8_path` fixture).
-_ORDER = ["scalar", "avx2", "avx512"]
-_ALL = _ORDER + ["avx512_vnni", "amx"]
-# The int8 Linear's kernel path of each level.
-INT8_PATHS = {
-    "scalar": "scalar",
-    "avx2": "avx2",
-    "avx512": "avx512",
-    "avx512_vnni": "avx512_vnni",
-    "amx": "amx",
-}
-
-
-def runnable_isas():
-    compiled = torchspeed._C.cpu_isas_compiled().split(",")
-    best = _ALL.index(torchspeed._C.cpu_isa_detected())
-    return [isa for isa in _ALL if isa in compiled and _ALL.index(isa) <= best]
 
 
 def pytest_report_header(config):
@@ -32,15 +14,6 @@ def pytest_report_header(config):
         f"torchspeed {torchspeed.__version__}, torch {torch.__version__}, CPU ISAs run: "
         f"{', '.join(runnable_isas())} (compiled: {torchspeed._C.cpu_isas_compiled()})"
     )
-
-
-def cuda_skip_reason():
-    """Why the CUDA variant of a test cannot run here, or None."""
-    if not torch.cuda.is_available():
-        return "needs a CUDA device"
-    if not getattr(torchspeed._C, "with_cuda", False):
-        return "torchspeed built without CUDA"
-    return None
 
 
 @pytest.fixture(params=_ORDER)

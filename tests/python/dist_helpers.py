@@ -146,9 +146,7 @@ def make_optimizer(name, params):
     raise ValueError(name)
 
 
-def reference(
-    case, world, k, steps, mb, dtype, opt_name, clip=None, scaler=False, freeze_at=None
-):
+def reference(case, world, k, steps, mb, dtype, opt_name, clip=None, scaler=False, freeze_at=None):
     """Single-process training over the same samples: each optimizer step accumulates the loss of
     every (rank, micro-step) chunk divided by world * k, which is the large-batch mean loss."""
     model = Net(dtype)

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-from conftest import cuda_skip_reason
 from dist_helpers import (
     HERE,
     Net,
@@ -24,6 +23,7 @@ from dist_helpers import (
     token_reference,
     window_data,
 )
+from support import cuda_skip_reason
 from torch import nn
 
 import torchspeed
@@ -211,8 +211,9 @@ def test_bad_arguments_raise_torchs_exception_types_before_any_change(
 def test_a_huge_bucket_cap_means_one_bucket_per_dtype(single_group):
     from torchspeed.dist import AccumulatingDDP
 
-    model = AccumulatingDDP(Net(), process_group=single_group, bucket_cap_mb=1e300,
-                            first_bucket_cap_mb=1e300)
+    model = AccumulatingDDP(
+        Net(), process_group=single_group, bucket_cap_mb=1e300, first_bucket_cap_mb=1e300
+    )
     assert model.stats()["buckets"] == 1
 
 
@@ -227,8 +228,13 @@ def test_clip_grad_norm_follows_torch_for_zero_and_inf(single_group):
     nn.functional.mse_loss(model(x[0, 0], use_side=True), y[0, 0]).backward()
     grads = [p.grad.clone() for p in model.parameters()]
     want = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))
-    for bad, error in ((-1.0, ValueError), (float("nan"), ValueError), ("1", TypeError),
-                       (True, TypeError), (None, TypeError)):
+    for bad, error in (
+        (-1.0, ValueError),
+        (float("nan"), ValueError),
+        ("1", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ):
         with pytest.raises(error, match="max_norm must be"):
             model.clip_grad_norm_(bad)
         assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
@@ -250,8 +256,13 @@ def test_methods_refuse_bad_types_and_values(single_group):
 
     model = AccumulatingDDP(Net(), process_group=single_group)
     what = "global_mean_factor: count must be"
-    for bad, error in ((float("nan"), ValueError), (float("inf"), ValueError),
-                       (-2, ValueError), ("3", TypeError), (None, TypeError)):
+    for bad, error in (
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (-2, ValueError),
+        ("3", TypeError),
+        (None, TypeError),
+    ):
         with pytest.raises(error, match=what):
             model.global_mean_factor(bad)
     assert model.global_mean_factor(torch.tensor(8)) == pytest.approx(0.125)

@@ -8,7 +8,7 @@ import io
 
 import pytest
 import torch
-from conftest import cuda_skip_reason
+from support import cuda_skip_reason
 from torch import nn
 
 import torchspeed  # noqa: F401  (loads the ops)
@@ -240,7 +240,7 @@ def test_int8linear_module_api(int8_path):
 
 
 def test_packed_cache_follows_the_path(monkeypatch):
-    from conftest import runnable_isas
+    from support import runnable_isas
 
     lin = nn.Linear(64, 32)
     m = quant.Int8Linear.from_float(lin)
@@ -329,7 +329,7 @@ def test_opcheck(int8_path):
 
 
 def test_bad_inputs_raise_clearly(monkeypatch):
-    from conftest import runnable_isas
+    from support import runnable_isas
 
     w = torch.randint(-127, 128, (8, 16), dtype=torch.int8)
     packed = quant.int8_pack_weight(w)
@@ -419,7 +419,7 @@ def test_amx_refused_falls_back_to_vnni():
     import sys
     import tempfile
 
-    from conftest import runnable_isas
+    from support import runnable_isas
 
     if "amx" not in runnable_isas():
         pytest.skip("needs a CPU (and build) that runs the amx path")
