@@ -400,6 +400,11 @@ def test_save_and_load_on_a_directory_raise_checkpoint_error(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="is a directory"):
         ckpt.read(tmp_path)
     assert list(tmp_path.iterdir()) == []  # no temporary left
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ckpt.CheckpointError, match="a part of it is a file"):
+        ckpt.save(tmp_path / "file" / "a.pt", model=model)
+    with pytest.raises(ckpt.CheckpointError, match="does not exist"):
+        ckpt.load(tmp_path / "file" / "a.pt", model=model)
 
 
 def test_save_refuses_a_fifo_or_a_symlink_to_one_and_load_never_blocks_on_it(tmp_path):
