@@ -56,7 +56,7 @@ def file_kind(mode: int) -> str:
 def check_target(path, who: str = "torchspeed") -> str:
     """The file a write of ``path`` replaces: ``path`` itself, or the regular file a symlink
     points at. Raises NotARegularFileError when ``path`` exists and is anything else."""
-    path = os.fspath(path)
+    path = os.fsdecode(os.fspath(path))
     if path == "" or path.endswith(os.sep):
         raise NotARegularFileError(
             errno.EISDIR, f"{who}: the path must name a file, got {path!r}", path
@@ -114,7 +114,7 @@ def atomic_write(
 ) -> str:
     """Writes ``content`` (bytes, str as UTF-8, or a function given the open binary file) to
     ``path`` atomically; returns ``path``. The folder must exist. See the module docstring."""
-    path = os.fspath(path)
+    path = os.fsdecode(os.fspath(path))
     target = check_target(path, who)
     if isinstance(content, str):
         content = content.encode("utf-8")

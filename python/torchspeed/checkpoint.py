@@ -257,9 +257,9 @@ def save(
     header = _HEADER.pack(_MAGIC, len(data), hashlib.sha256(data).digest())
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as e:
+    except (FileExistsError, NotADirectoryError):
         raise CheckpointError(
-            f"{_NAME}.save: cannot create the folder of {path}: {e.strerror} ({e.filename})"
+            f"{_NAME}.save: cannot create the folder of {path}: a part of it is a file"
         ) from None
 
     def write(f):

@@ -233,3 +233,22 @@ def test_shard_index_write_refuses_a_fifo(tmp_path):
     data.write_shard_index(str(shard))
     assert (tmp_path / "a.tar.idx").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar", "a.tar.idx"]
+
+
+def test_staged_shards_refuse_a_fifo_destination_and_change_nothing(tmp_path):
+    """write_shards moves its staged files in with the same refusal, checked for every file
+    before the first is moved or an old shard removed (--overwrite)."""
+    import numpy as np
+
+    from torchspeed.data.write_shards import write_arrays
+
+    arr = tmp_path / "x.npy"
+    np.save(arr, np.arange(12, dtype=np.float32).reshape(6, 2))
+    out = tmp_path / "out"
+    write_arrays([str(arr)], None, str(out), maxcount=3, progress=False)
+    os.unlink(out / "shard-000001.tar")
+    os.mkfifo(out / "shard-000001.tar")
+    before = _state(out)
+    with pytest.raises(NotARegularFileError, match="shard-000001.tar' is a FIFO"):
+        write_arrays([str(arr)], None, str(out), maxcount=3, progress=False, overwrite=True)
+    assert _state(out) == before  # the old shard 0 and its index kept, no staging folder left

@@ -400,6 +400,11 @@ def test_save_and_load_on_a_directory_raise_checkpoint_error(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="is a directory"):
         ckpt.read(tmp_path)
     assert list(tmp_path.iterdir()) == []  # no temporary left
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ckpt.CheckpointError, match="a part of it is a file"):
+        ckpt.save(tmp_path / "file" / "a.pt", model=model)
+    with pytest.raises(ckpt.CheckpointError, match="does not exist"):
+        ckpt.load(tmp_path / "file" / "a.pt", model=model)
 
 
 def test_save_refuses_a_fifo_or_a_symlink_to_one_and_load_never_blocks_on_it(tmp_path):
@@ -586,3 +591,30 @@ def test_a_format_1_file_with_numpy_rng_loads_only_when_trusted(tmp_path):
     with pytest.raises(ValueError, match="rng must be a dict with 'torch' and 'python'"):
         ckpt.load(tmp_path / "rng.pt")
     assert torch.equal(before, torch.get_rng_state())
+
+
+def test_objects_restored_before_a_failing_one_are_rolled_back(tmp_path):
+    """An object whose own load_state_dict raises (nothing can check it up front): the optimizer,
+    scaler and scheduler restored before it get their previous state back."""
+
+    class Picky:
+        def state_dict(self):
+            return {"v": 1}
+
+        def load_state_dict(self, state):
+            raise ValueError("picky refuses")
+
+    model, opt, scaler = _train_objects()
+    sched = WarmupLR(opt, 2, 10)
+    path = ckpt.save(
+        tmp_path / "a.pt", optimizer=opt, scaler=scaler, scheduler=sched, picky=Picky()
+    )
+    m2, o2, s2 = _fresh()
+    sch2 = WarmupLR(o2, 3, 30)
+    before = _snapshot(m2, o2, s2)
+    sched_before, lr_before = sch2.state_dict(), o2.param_groups[0]["lr"]
+    with pytest.raises(ValueError, match="picky refuses"):
+        ckpt.load(path, optimizer=o2, scaler=s2, scheduler=sch2, picky=Picky())
+    assert _same(before, _snapshot(m2, o2, s2))
+    assert sch2.state_dict() == sched_before and o2.param_groups[0]["lr"] == lr_before
+    o2.step()  # still a working optimizer

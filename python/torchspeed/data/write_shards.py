@@ -188,6 +188,14 @@ class _Staging:
         self.dir = tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=out_dir)
 
     def commit(self, prefix: str, overwrite: bool) -> List[str]:
+        names = sorted(os.listdir(self.dir))
+        own = _own_file_pattern(prefix)
+        for name in names:  # every destination checked before anything is removed or moved
+            dst = os.path.join(self.out_dir, name)
+            if not (
+                overwrite and own.fullmatch(name) and (os.path.isfile(dst) or os.path.islink(dst))
+            ):
+                check_target(dst, _WHO)
         if overwrite:
             own = _own_file_pattern(prefix)
             for name in os.listdir(self.out_dir):
@@ -196,9 +204,6 @@ class _Staging:
                     os.remove(path)
                 elif name.startswith(_STAGING_PREFIX) and path != self.dir and os.path.isdir(path):
                     shutil.rmtree(path, ignore_errors=True)  # left by a killed run
-        names = sorted(os.listdir(self.dir))
-        for name in names:  # every destination checked before the first file moves
-            check_target(os.path.join(self.out_dir, name), _WHO)
         moved = []
         for name in names:
             dst = os.path.join(self.out_dir, name)
