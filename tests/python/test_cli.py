@@ -99,3 +99,43 @@ def test_int8_linear_bench_as_an_avx2_host(tmp_path):
             continue
         assert 0.0 < row["rel_err"] < 0.05, row
         assert row["min_s"] > 0 and row["gmacs"] > 0, row
+
+
+def test_bench_all_runs_every_benchmark_with_quick(monkeypatch):
+    from torchspeed import benchmarks, cli
+
+    calls = []
+    monkeypatch.setattr(benchmarks, "run", lambda name, argv: calls.append((name, argv)) or 0)
+    assert cli.main(["bench", "all"]) == 0
+    assert [name for name, _ in calls] == list(benchmarks.BENCHMARKS)
+    assert all(argv == ["--quick"] for _, argv in calls)
+    calls.clear()
+    assert benchmarks.run_all(["--full", "--device", "cpu"]) == 0
+    assert all(argv == ["--device", "cpu"] for _, argv in calls)
+
+
+def test_bench_all_skips_a_benchmark_that_lacks_an_extra_and_reports_failures(monkeypatch):
+    from torchspeed import benchmarks
+
+    def fake(name, argv):
+        if name == "loader":
+            raise SystemExit("torchspeed bench loader: needs PIL (pip install 'torchspeed[bench]')")
+        return 1 if name == "quant" else 0
+
+    monkeypatch.setattr(benchmarks, "run", fake)
+    assert benchmarks.run_all([]) == 1
+
+
+def test_harness_records_rates_against_their_anchor(tmp_path, monkeypatch, capsys):
+    from torchspeed.benchmarks.harness import Harness
+
+    monkeypatch.setenv("TORCHSPEED_RESULTS_DIR", str(tmp_path))
+    h = Harness("bench_rates", "test", measure_bandwidth=False)
+    h.record("loader", "torch", 100.0, "img/s", anchor=True)
+    h.record("loader", "torchspeed", 250.0, "img/s")
+    h.details["workload"] = {"images": 4}
+    table = h.finish()
+    assert "250 img/s" in table and "2.50x" in table
+    rec = json.loads((tmp_path / "bench_rates_cpu.json").read_text())
+    assert rec["rows"][1]["speedup_vs_best_anchor"] == pytest.approx(2.5)
+    assert rec["details"] == {"workload": {"images": 4}}
