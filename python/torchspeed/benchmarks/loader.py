@@ -399,7 +399,7 @@ def main(argv=None) -> int:
             f"{o['rss_mb']:,.0f} MB; ours/(N*ceiling) {o['images_per_s'] / (n * ceiling):.0%}"
         )
     tb = bench_tensors(a.batch, max(a.epochs, 2))
-    group = f"tensors 50k x 3x32x32, batch {a.batch}"
+    group = f"tensors 3x32x32, batch {a.batch}"
     h.record(
         group,
         "torch default collate",
