@@ -310,3 +310,24 @@ def test_ctrl_c_stops_indexing_many_shards(tmp_path):
     assert p.returncode == 0, (p.returncode, err[-3000:])
     assert out.startswith("INTERRUPTED"), out
     assert elapsed < 1.0, f"exited {elapsed:.2f} s after SIGINT"
+
+
+def test_a_build_without_the_data_area_says_which_option_builds_it(monkeypatch, tmp_path):
+    # As a TORCHSPEED_WITH_DATA=OFF build: torchspeed._C has no data module.
+    import torchspeed
+    from torchspeed._native import AreaNotBuiltError
+    from torchspeed.data import TensorSource
+    from torchspeed.data.shard_writer import ShardWriter
+
+    monkeypatch.delattr(torchspeed._C, "data")
+    for make in (
+        lambda: TensorSource(torch.zeros(4)),
+        lambda: NpySource(str(tmp_path / "x.npy")),
+        lambda: WebDataset(str(tmp_path / "x.tar"), fields=("txt",)),
+    ):
+        with pytest.raises(AreaNotBuiltError, match="TORCHSPEED_WITH_DATA=ON"):
+            make()
+    # Writing shards needs no native code: they are written, without their .tar.idx index.
+    with ShardWriter(str(tmp_path / "out")) as w:
+        w.write("a", {"txt": b"x"})
+    assert os.path.exists(w.paths[0]) and not os.path.exists(w.paths[0] + ".idx")
