@@ -133,7 +133,19 @@ _IMPORT_IN_CHILDREN = textwrap.dedent(
             for name in order.split(","):
                 try:
                     importlib.import_module(name)
-                except BaseException:
+                except BaseException as e:
+                    # An optional third-party package that is not installed (lightning, PIL)
+                    # is not an import-order problem: the module says what to install.
+                    chain = [e]
+                    while chain[-1].__cause__ or chain[-1].__context__:
+                        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+                    if any(
+                        isinstance(x, ModuleNotFoundError)
+                        and x.name
+                        and not x.name.startswith("torchspeed")
+                        for x in chain
+                    ):
+                        continue
                     os.write(w, f"{name}: {traceback.format_exc()}".encode())
                     code = 1
                     break
