@@ -1,11 +1,7 @@
 # The quant area (torchspeed.quant, include/torchspeed/ops/quant.h): int8 affine quantize and
 # dequantize (per tensor, per channel, per group; symmetric or with a zero point) through the op
-# recipe, CPU kernels in the ISA table (kernels/cpu/quant.h) and CUDA kernels (quant.cu). Next:
-# fake-quant, the int8 Linear, pruning. Included by CMakeLists.txt like every cmake/<area>.cmake.
-option(TORCHSPEED_WITH_QUANT "Build the quantization area (cmake/quant.cmake)" ON)
-if(NOT TORCHSPEED_WITH_QUANT)
-  return()
-endif()
+# recipe, CPU kernels in the ISA table (kernels/cpu/quant.h) and CUDA kernels (quant.cu), fake-quant
+# and the int8 Linear. Included by CMakeLists.txt when TORCHSPEED_WITH_QUANT is on (cmake/areas.txt).
 set(_ts_root "${CMAKE_CURRENT_LIST_DIR}/..")
 set(TORCHSPEED_QUANT_SOURCES
   "${_ts_root}/csrc/ops/quant.cpp"

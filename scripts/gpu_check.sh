@@ -145,7 +145,7 @@ step bench_profile 60 "$PYTHON" -m torchspeed.cli bench profile --quick
 
 # ---- loader on the GPU (only when the data part was built) -----------------------------------------
 if "$PYTHON" -c 'import sys, torchspeed._C as C; sys.exit(0 if hasattr(C, "data") else 1)'; then
-  step test_data_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/test_data_loader.py
+  step test_data_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/data/test_loader.py
   step bench_loader_gpu 90 "$PYTHON" -m torchspeed.cli bench loader_gpu --batches 100 --step-ms 20
 else
   skip test_data_cuda "built without the data part (TORCHSPEED_WITH_DATA=OFF)"

@@ -110,9 +110,7 @@ def main(argv=None) -> int:
 
         return info.main(extra)
     if args.cmd == "bench" and args.name == "all":
-        from .demo import _benchmarks
-
-        return _benchmarks(args.args + extra)
+        return benchmarks.run_all(args.args + extra)
     if args.cmd == "bench":
         return benchmarks.run(args.name, args.args + extra)
     from .demo import main as demo_main

@@ -58,23 +58,21 @@ struct DeviceScalars {
 /// laid out like their params, with `step` set for Adam, Lion and LAMB): increments the steps on
 /// the device (unless *found_inf != 0), then runs the update: one launch per 24 tensors / 320
 /// chunks of 64K elements (4 blocks per chunk) and per (param dtype, grad dtype) pair present. LAMB
-/// runs phase 1 (moments
-/// + norms) over all tensors, then phase 2 (trust-ratio update); `lamb_workspace` is 2 * count
-/// doubles of device memory (zeroed here), null for the other algorithms.
+/// runs phase 1 (moments and norms) over all tensors, then phase 2 (trust-ratio update);
+/// `lamb_workspace` is 2 * count doubles of device memory (zeroed here), null for the other
+/// algorithms.
 cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count,
                        const OptimHyper& hyper, const DeviceScalars& scalars,
                        double* lamb_workspace, cudaStream_t stream);
 
-// ---- dist: the reducer's bucket pass
-// -------------------------------------------------------------
+// ---- dist: the reducer's bucket pass ------------------------------------------------------------
 
 /// out = in * scale over `n` contiguous elements, fp32/bf16/fp16 into fp32/bf16/fp16 (or fp64 into
 /// fp64), rounded once; `in` may equal `out`. cudaErrorInvalidValue for another dtype pair.
 cudaError_t scale_cast(DType in_dtype, const void* in, DType out_dtype, void* out, double scale,
                        int64_t n, cudaStream_t stream);
 
-// ---- quant: int8 affine quantize / dequantize
-// ----------------------------------------------------
+// ---- quant: int8 affine quantize / dequantize ---------------------------------------------------
 
 /// The layout of a quant call: x as [rows, cols]; `groups` scales per row, 0 = one for all.
 struct QuantLayout {
