@@ -7,7 +7,8 @@ keeps it, 0 prunes it: ``numpy.packbits(keep.ravel(), bitorder="little")``.
 
 from __future__ import annotations
 
-from typing import Sequence
+import numbers
+from typing import List, Sequence
 
 import torch
 
@@ -18,6 +19,21 @@ def _op(name: str):
     return native_op(name, "prune", what=f"torchspeed.prune.{name}")
 
 
+def _int(v, op: str, label: str) -> int:
+    """``v`` as an int; TypeError for a float, a bool or anything else (no silent truncation)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"torchspeed.prune.{op}: {label} must be an int, got {v!r}")
+    return int(v)
+
+
+def _shape(shape, op: str) -> List[int]:
+    if isinstance(shape, torch.Size):
+        return list(shape)
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise TypeError(f"torchspeed.prune.{op}: shape must be a sequence of ints, got {shape!r}")
+    return [_int(s, op, f"shape[{i}]") for i, s in enumerate(shape)]
+
+
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     """A bool mask (dense; packed in memory order) as uint8 ``[ceil(numel / 8)]``."""
     return _op("pack_mask")(mask)
@@ -25,7 +41,7 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
 
 def unpack_mask(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """The bool mask of ``shape`` (contiguous) that ``packed`` holds."""
-    return _op("unpack_mask")(packed, [int(s) for s in shape])
+    return _op("unpack_mask")(packed, _shape(shape, "unpack_mask"))
 
 
 def apply_mask_(w: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
@@ -42,10 +58,10 @@ def nm_mask(w: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
 
     w contiguous, last dim a multiple of m, ``1 <= m <= 256``, ``0 <= n <= m``. Magnitudes compare
     exactly (NaN above inf, -0 == +0); equal magnitudes keep the lower index."""
-    return _op("nm_mask")(w, int(n), int(m))
+    return _op("nm_mask")(w, _int(n, "nm_mask", "n"), _int(m, "nm_mask", "m"))
 
 
 def magnitude_mask(w: torch.Tensor, amount: int) -> torch.Tensor:
     """Packed mask pruning exactly ``amount`` elements: the smallest ``|w|``; at the threshold,
     equal magnitudes prune the higher (memory) index first. Deterministic; CUDA never syncs."""
-    return _op("magnitude_mask")(w, int(amount))
+    return _op("magnitude_mask")(w, _int(amount, "magnitude_mask", "amount"))

@@ -64,6 +64,7 @@ def test_quantize_matches_torch_bit_for_bit_and_round_trips(
     assert (back - x.float()).abs().max().item() <= step / 2 * (1 + 1e-5) + 1e-7
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
 def test_saturation_and_ties_at_the_int8_extremes(device):
     x = torch.tensor(
         [[1e9, -1e9, 127.5, -128.5, 126.5, 0.5, 1.5, -0.5, 2.5, float("inf")]], device=device
@@ -71,11 +72,19 @@ def test_saturation_and_ties_at_the_int8_extremes(device):
     q = quantize_int8(x, torch.ones(1, device=device))
     # ties go to even: 126.5 -> 126, 0.5 -> 0, 1.5 -> 2, -0.5 -> -0, 2.5 -> 2; inf saturates
     assert q.cpu().tolist() == [[127, -128, 127, -128, 126, 0, 2, 0, 2, 127]]
-    # NaN has no int8 value: every device maps it to the lower clamp, -128 (documented).
+    # NaN has no int8 value: every device and granularity maps it to 127, as
+    # torch.quantize_per_tensor does (issue 23 item 11; it was -128 before).
     nan = quantize_int8(
         torch.full((1, 37), float("nan"), device=device), torch.ones(1, device=device)
     )
-    assert (nan.cpu() == -128).all()
+    assert (nan.cpu() == 127).all()
+    ref = torch.quantize_per_tensor(torch.full((37,), float("nan")), 1.0, 0, torch.qint8)
+    assert torch.equal(nan.cpu().reshape(-1), ref.int_repr())
+    x = torch.randn(3, 40)
+    x[0, 0] = x[1, 17] = x[2, 39] = float("nan")
+    zp = torch.tensor([[-5, 3], [0, 0], [9, -128]], dtype=torch.int32, device=device)
+    per_group = quantize_int8(x.to(device), torch.full((3, 2), 0.02, device=device), zp)
+    assert per_group.cpu()[x.isnan()].tolist() == [127, 127, 127]
     zp = torch.full((1,), -128, dtype=torch.int32, device=device)
     q = quantize_int8(
         torch.tensor([[0.0, 255.0, 300.0]], device=device), torch.ones(1, device=device), zp

@@ -554,10 +554,20 @@ def test_torch_ao_observers_and_bad_constructor_args_are_refused_by_name():
         (PercentileObserver, dict(percentile=100.5), "percentile must be in"),
         (PercentileObserver, dict(percentile="99"), "percentile must be in"),
     ]
+    # a bad type is a TypeError, a bad value a ValueError (torch's convention; issue 23)
+    typed = [
+        dict(group_size=16.0),
+        dict(group_size=True),
+        dict(symmetric="no"),
+        dict(eps=True),
+        dict(averaging_constant=True),
+        dict(percentile="99"),
+    ]
     for cls, kw, match in bad:
-        with pytest.raises(ValueError, match=f"{cls.__name__}: {match}"):
+        err = TypeError if kw in typed else ValueError
+        with pytest.raises(err, match=f"{cls.__name__}: {match}"):
             cls(**kw)
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(err, match=match):
             FakeQuantize(cls, **kw)
 
 
@@ -569,7 +579,7 @@ def test_fake_quantize_refuses_bad_x_before_observing():
         fq(torch.randn(4, 16, dtype=torch.float64) * 100)
     with pytest.raises(ValueError, match="x gives ranges of shape"):
         fq(torch.randn(5, 16) * 100)
-    with pytest.raises(ValueError, match="x must be a tensor"):
+    with pytest.raises(TypeError, match="x must be a tensor"):
         fq([1.0, 2.0])
     with pytest.raises(ValueError, match="x must be a non-empty tensor"):
         fq(torch.randn(0, 16))
