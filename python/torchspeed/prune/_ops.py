@@ -20,10 +20,18 @@ def _op(name: str):
 
 
 def _int(v, op: str, label: str) -> int:
-    """``v`` as an int; TypeError for a float, a bool or anything else (no silent truncation)."""
+    """``v`` as an int; TypeError for a float, a bool or anything else (no silent truncation),
+    ValueError outside int64 (what the op's schema takes)."""
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise TypeError(f"torchspeed.prune.{op}: {label} must be an int, got {v!r}")
+    if not -(2**63) <= v < 2**63:
+        raise ValueError(f"torchspeed.prune.{op}: {label} must fit in int64, got {v}")
     return int(v)
+
+
+def _tensor(v, op: str, label: str) -> None:
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"torchspeed.prune.{op}: {label} must be a tensor, got {type(v).__name__}")
 
 
 def _shape(shape, op: str) -> List[int]:
@@ -36,11 +44,13 @@ def _shape(shape, op: str) -> List[int]:
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     """A bool mask (dense; packed in memory order) as uint8 ``[ceil(numel / 8)]``."""
+    _tensor(mask, "pack_mask", "mask")
     return _op("pack_mask")(mask)
 
 
 def unpack_mask(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """The bool mask of ``shape`` (contiguous) that ``packed`` holds."""
+    _tensor(packed, "unpack_mask", "packed")
     return _op("unpack_mask")(packed, _shape(shape, "unpack_mask"))
 
 
@@ -49,6 +59,8 @@ def apply_mask_(w: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
     w: float32/float64/bfloat16/float16, dense (the mask is read in w's memory order). Returns w.
     """
+    _tensor(w, "apply_mask_", "w")
+    _tensor(packed, "apply_mask_", "packed")
     _op("apply_mask_")(w, packed)
     return w
 
@@ -58,10 +70,12 @@ def nm_mask(w: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
 
     w contiguous, last dim a multiple of m, ``1 <= m <= 256``, ``0 <= n <= m``. Magnitudes compare
     exactly (NaN above inf, -0 == +0); equal magnitudes keep the lower index."""
+    _tensor(w, "nm_mask", "w")
     return _op("nm_mask")(w, _int(n, "nm_mask", "n"), _int(m, "nm_mask", "m"))
 
 
 def magnitude_mask(w: torch.Tensor, amount: int) -> torch.Tensor:
     """Packed mask pruning exactly ``amount`` elements: the smallest ``|w|``; at the threshold,
     equal magnitudes prune the higher (memory) index first. Deterministic; CUDA never syncs."""
+    _tensor(w, "magnitude_mask", "w")
     return _op("magnitude_mask")(w, _int(amount, "magnitude_mask", "amount"))

@@ -29,6 +29,16 @@ def _module(module, where: str, label: str = "module") -> nn.Module:
     return module
 
 
+def _check_types(types, where: str) -> None:
+    """``types``: a module class or a tuple of them (what isinstance takes)."""
+    items = types if isinstance(types, tuple) else (types,)
+    if not items or not all(isinstance(t, type) for t in items):
+        raise TypeError(
+            f"torchspeed.prune.{where}: types must be a module class or a tuple of them, got "
+            f"{types!r}"
+        )
+
+
 def _param(module: nn.Module, name: str) -> torch.Tensor:
     if not isinstance(module, nn.Module):
         raise TypeError(
@@ -73,6 +83,7 @@ def _apply(param: torch.Tensor, packed: torch.Tensor) -> None:
 def prunable_parameters(model: nn.Module, types=PRUNABLE) -> List[Tuple[nn.Module, str]]:
     """(module, "weight") for every Linear/Conv (or ``types``) in ``model``."""
     _module(model, "prunable_parameters", "model")
+    _check_types(types, "prunable_parameters")
     return [
         (mod, "weight")
         for mod in model.modules()
@@ -89,6 +100,7 @@ def is_pruned(module: nn.Module) -> bool:
 def sparsity(module: nn.Module, types=PRUNABLE) -> Dict[str, float]:
     """Fraction of zeros of every Linear/Conv weight (by qualified name) and ``"total"``."""
     _module(module, "sparsity")
+    _check_types(types, "sparsity")
     out: Dict[str, float] = {}
     zeros = total = 0
     for qual, mod in module.named_modules():

@@ -28,6 +28,18 @@ def cubic_sparsity(
     step: int, initial: float, final: float, start_step: int, end_step: int
 ) -> Optional[float]:
     """The scheduled sparsity at ``step`` (None before ``start_step``; ``final`` after the end)."""
+    for label, v in (("step", step), ("start_step", start_step), ("end_step", end_step)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"torchspeed.prune.cubic_sparsity: {label} must be an int, got {v!r}")
+    for label, v in (("initial", initial), ("final", final)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(
+                f"torchspeed.prune.cubic_sparsity: {label} must be a float in [0, 1], got {v!r}"
+            )
+        if not 0.0 <= float(v) <= 1.0:
+            raise ValueError(
+                f"torchspeed.prune.cubic_sparsity: {label} must be in [0, 1], got {v!r}"
+            )
     if step < start_step:
         return None
     if end_step <= start_step or step >= end_step:

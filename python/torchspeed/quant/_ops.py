@@ -42,6 +42,8 @@ def _tensor(v, op: str, label: str, optional: bool = False) -> None:
 def _int(v, op: str, label: str) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise TypeError(f"torchspeed.quant.{op}: {label} must be an int, got {v!r}")
+    if not -(2**63) <= v < 2**63:
+        raise ValueError(f"torchspeed.quant.{op}: {label} must fit in int64, got {v}")
     return int(v)
 
 

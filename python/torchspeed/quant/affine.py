@@ -44,6 +44,10 @@ def choose_qparams(
             f"torchspeed.quant.choose_qparams: granularity must be one of {_GRANULARITIES}, "
             f"got {granularity!r}"
         )
+    if not x.is_floating_point():
+        raise ValueError(
+            f"torchspeed.quant.choose_qparams: x must be floating point, got {x.dtype}"
+        )
     if x.dim() < 1 or x.numel() == 0:
         raise ValueError("torchspeed.quant.choose_qparams: x must be a non-empty tensor")
     cols = x.shape[-1]

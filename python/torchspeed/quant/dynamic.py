@@ -56,6 +56,16 @@ def quantize_dynamic(
         qconfig_spec = [qconfig_spec]
     if isinstance(modules_to_not_convert, str):
         modules_to_not_convert = [modules_to_not_convert]
+    if isinstance(modules_to_not_convert, Iterable):
+        modules_to_not_convert = list(modules_to_not_convert)
+    if modules_to_not_convert is not None and (
+        not isinstance(modules_to_not_convert, list)
+        or not all(isinstance(n, str) for n in modules_to_not_convert)
+    ):
+        raise TypeError(
+            "torchspeed.quant.quantize_dynamic: modules_to_not_convert must be qualified module "
+            f"names (str), got {modules_to_not_convert!r}"
+        )
     if qconfig_spec is not None:
         spec = list(qconfig_spec)
         for s in spec:

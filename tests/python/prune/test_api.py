@@ -232,3 +232,21 @@ def test_bad_module_name_and_parameters_are_type_errors():
         prune.remove("model")
     with pytest.raises(TypeError, match="name must be a str or None"):
         prune.remove(nn.Linear(4, 4), 1)
+
+
+def test_bad_types_argument_and_queries_on_non_modules():
+    """Adversarial pass (issue 23): isinstance's own TypeError or an AttributeError before."""
+    model = nn.Sequential(nn.Linear(8, 4))
+    for bad in (5, (nn.Linear, "Conv"), ()):
+        with pytest.raises(TypeError, match="types must be a module class or a tuple of them"):
+            prune.apply(model, types=bad)
+        with pytest.raises(TypeError, match="types must be a module class"):
+            prune.sparsity(model, types=bad)
+    assert not prune.is_pruned(model)
+    for fn in (prune.is_pruned, prune.sparsity, prune.prunable_parameters, prune.get_mask):
+        with pytest.raises(TypeError, match="must be an nn.Module, got str"):
+            fn("model")
+    with pytest.raises(TypeError, match="get_mask: name must be a str"):
+        prune.get_mask(model[0], 3)
+    with pytest.raises(TypeError, match="apply: method must be a str"):
+        prune.apply(model, method=["nm"])

@@ -234,3 +234,26 @@ def test_optimizer_packing_without_the_prune_ops(numel):
     packed = _fused._pack_bits_torch(keep)
     assert torch.equal(packed, pack_mask(keep))
     assert torch.equal(_fused._unpack_bits_torch(packed, [numel]), keep)
+
+
+def test_op_wrappers_refuse_bad_python_types_before_the_op():
+    """Adversarial pass (issue 23): each raised RuntimeError from the dispatcher, or truncated a
+    float silently, before."""
+    w = torch.randn(4, 8)
+    with pytest.raises(TypeError, match="pack_mask: mask must be a tensor, got list"):
+        pack_mask([True] * 8)
+    with pytest.raises(TypeError, match="nm_mask: w must be a tensor, got list"):
+        nm_mask([1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(TypeError, match="nm_mask: n must be an int, got 2.5"):
+        nm_mask(w, 2.5, 4)
+    with pytest.raises(TypeError, match=r"unpack_mask: shape\[1\] must be an int, got 2.5"):
+        unpack_mask(torch.zeros(1, dtype=torch.uint8), [1, 2.5])
+    with pytest.raises(TypeError, match="unpack_mask: shape must be a sequence of ints"):
+        unpack_mask(torch.zeros(1, dtype=torch.uint8), None)
+    with pytest.raises(TypeError, match="magnitude_mask: amount must be an int, got 2.5"):
+        magnitude_mask(w, 2.5)
+    with pytest.raises(ValueError, match="magnitude_mask: amount must fit in int64"):
+        magnitude_mask(w, 10**20)
+    with pytest.raises(TypeError, match="apply_mask_: packed must be a tensor"):
+        apply_mask_(w, [255, 255, 255, 255])
+    assert torch.equal(unpack_mask(pack_mask(w > 0), torch.Size([4, 8])), w > 0)

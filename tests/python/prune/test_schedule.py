@@ -135,3 +135,23 @@ def test_gradual_step_that_fails_does_not_advance():
 def test_gradual_pruner_argument_errors_name_the_argument(kwargs, err, match):
     with pytest.raises(err, match=match):
         prune.GradualPruner(_mlp(6), **kwargs)
+
+
+def test_cubic_sparsity_and_load_state_dict_refuse_bad_values():
+    """Adversarial pass (issue 23): NaN steps gave a NaN sparsity; a None state raised Python's
+    own TypeError; any last_sparsity was taken."""
+    with pytest.raises(TypeError, match="cubic_sparsity: step must be an int, got nan"):
+        prune.cubic_sparsity(float("nan"), 0.0, 0.5, 0, 10)
+    with pytest.raises(ValueError, match="cubic_sparsity: final must be in"):
+        prune.cubic_sparsity(3, 0.0, 1.5, 0, 10)
+    with pytest.raises(TypeError, match="cubic_sparsity: initial must be a float"):
+        prune.cubic_sparsity(3, "0", 0.5, 0, 10)
+    p = prune.GradualPruner(_mlp(6), final_sparsity=0.5)
+    with pytest.raises(TypeError, match="state must be a dict, got <class 'NoneType'>"):
+        p.load_state_dict(None)
+    for bad in ("x", 1.5, True):
+        with pytest.raises(ValueError, match="last_sparsity must be None or a float in"):
+            p.load_state_dict({"step_count": 3, "last_sparsity": bad})
+    assert p.step_count == 0 and p.last_sparsity is None
+    p.load_state_dict({"step_count": 3, "last_sparsity": 0.25})
+    assert p.step_count == 3 and p.last_sparsity == 0.25

@@ -154,3 +154,33 @@ def test_matches_torch_ao_per_tensor_quantization_on_random_data():
     ao = torch.quantize_per_tensor(x, scale.item(), 0, torch.qint8).int_repr()
     assert (ours != ao).float().mean().item() <= 1e-3
     assert (ours.int() - ao.int()).abs().max().item() <= 1
+
+
+def test_bad_argument_types_and_dtypes_are_named():
+    """Adversarial pass (issue 23): non-tensors gave a ValueError or the dispatcher's
+    RuntimeError, int and complex x were quantized (complex silently dropping its imaginary
+    part), symmetric="no" counted as True and a NaN eps went through."""
+    from torchspeed.quant import qparams_from_minmax
+
+    x = torch.randn(2, 8)
+    with pytest.raises(TypeError, match="choose_qparams: x must be a tensor, got list"):
+        choose_qparams([1.0, 2.0])
+    for bad in (torch.arange(8), torch.randn(8, dtype=torch.complex64)):
+        with pytest.raises(ValueError, match="choose_qparams: x must be floating point"):
+            choose_qparams(bad)
+    with pytest.raises(TypeError, match="symmetric must be a bool, got 'no'"):
+        choose_qparams(x, symmetric="no")
+    with pytest.raises(ValueError, match="eps must be finite and > 0, got nan"):
+        choose_qparams(x, eps=float("nan"))
+    with pytest.raises(TypeError, match="eps must be finite and > 0"):
+        choose_qparams(x, eps="1e-6")
+    with pytest.raises(TypeError, match="group_size must be a positive int"):
+        choose_qparams(x, "per_group", group_size=4.0)
+    with pytest.raises(TypeError, match="qparams_from_minmax: min_val must be a tensor"):
+        qparams_from_minmax(0.0, torch.ones(1))
+    with pytest.raises(TypeError, match="quantize_int8: x must be a tensor, got list"):
+        quantize_int8([1.0], torch.ones(1))
+    with pytest.raises(TypeError, match="quantize_int8: scale must be a tensor, got float"):
+        quantize_int8(x, 0.1)
+    with pytest.raises(TypeError, match="dequantize_int8: zero_point must be a tensor or None"):
+        dequantize_int8(torch.zeros(2, dtype=torch.int8), torch.ones(1), 0)

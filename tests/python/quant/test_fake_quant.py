@@ -605,3 +605,15 @@ def test_fake_quantize_non_finite_and_half_on_every_device(device):
     assert fq.scale.dtype == torch.float32 and fq.scale.device.type == torch.device(device).type
     with pytest.raises(ValueError, match="x must be finite"):
         choose_qparams(dirty)
+
+
+def test_fake_quantize_refuses_bad_python_types():
+    """Adversarial pass (issue 23): a float quant_min went to the op (RuntimeError) and a list x
+    raised AttributeError before."""
+    x, s = torch.randn(4, 8), torch.ones(1)
+    with pytest.raises(TypeError, match="fake_quantize: quant_min must be an int, got -8.0"):
+        fake_quantize(x, s, None, -8.0, 7)
+    with pytest.raises(TypeError, match="fake_quantize: x must be a tensor, got list"):
+        fake_quantize([1.0], s)
+    with pytest.raises(ValueError, match="quant_max must fit in int64"):
+        fake_quantize(x, s, None, 0, 2**70)

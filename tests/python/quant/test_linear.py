@@ -559,3 +559,25 @@ def test_inf_row_gives_nan_row_and_leaves_the_others(int8_path):
     assert torch.isnan(out[1:3]).all()
     assert torch.isinf(ref[1:3]).all()  # what the float layer gives instead
     assert torch.equal(out[[0, 3]], clean[[0, 3]])
+
+
+def test_adversarial_pass_types_and_non_finite_weights():
+    """Adversarial pass (issue 23): a NaN weight gave a NaN scale (every output NaN), a list x
+    raised AttributeError, relu=1 went through, and modules_to_not_convert=5 raised Python's
+    own 'int' object is not iterable."""
+    bad = nn.Linear(8, 4)
+    with torch.no_grad():
+        bad.weight[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="from_float: linear.weight must be finite"):
+        quant.Int8Linear.from_float(bad)
+    m = quant.Int8Linear.from_float(nn.Linear(8, 4))
+    with pytest.raises(TypeError, match="Int8Linear: x must be a tensor, got list"):
+        m([[0.0] * 8])
+    packed = quant.int8_pack_weight(m.weight)
+    with pytest.raises(TypeError, match="int8_linear: relu must be a bool, got 1"):
+        quant.int8_linear(torch.randn(2, 8), packed, m.weight_scale, None, 1)
+    net = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    with pytest.raises(TypeError, match="modules_to_not_convert must be qualified module names"):
+        quant.quantize_dynamic(net, modules_to_not_convert=5)
+    q = quant.quantize_dynamic(net, modules_to_not_convert=(n for n in ["1"]))
+    assert isinstance(q[0], quant.Int8Linear) and type(q[1]) is nn.Linear
