@@ -115,14 +115,24 @@ def _push(optimizer, reg: _Registry, e: list, param: torch.Tensor) -> None:
 
 
 def _register_with(optimizer, module: nn.Module, name: str, param: torch.Tensor) -> None:
-    """Registers the mask buffer of ``module.<name>`` (already stored) with ``optimizer``."""
+    """Registers the mask buffer of ``module.<name>`` (already stored) with ``optimizer``, and
+    hands the new mask to every other optimizer it was registered with before (pruning further
+    without ``optimizer=`` must not leave an optimizer with the older, denser mask)."""
+    key = (id(module), name)
+    for opt in list(_REGISTERED_WITH):
+        if opt is optimizer:
+            continue
+        reg = _registry(opt, create=False)
+        e = None if reg is None else reg.entry(param)
+        if e is not None and key in e[1]:
+            _push(opt, reg, e, param)
     if optimizer is None:
         return
     reg = _registry(optimizer, create=True)
     e = reg.entry(param)
     if e is None:
         e = reg.entries[id(param)] = [weakref.ref(param), {}, None]
-    e[1][(id(module), name)] = weakref.ref(module)
+    e[1][key] = weakref.ref(module)
     _push(optimizer, reg, e, param)
 
 

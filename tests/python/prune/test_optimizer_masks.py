@@ -230,3 +230,26 @@ def test_remove_with_a_torch_optimizer():
     _train_step(model, opt)
     assert bool((model[0].weight[~keep] != 0).all())  # unregistered: trains densely
     assert bool((model[2].weight[~keep2] == 0).all())  # still registered
+
+
+@pytest.mark.parametrize("kind", ["fused", "torch"])
+def test_pruning_further_without_optimizer_updates_its_registered_mask(kind):
+    """Adversarial pass (issue 23): a second prune without optimizer= left the fused optimizer
+    with the first, denser mask, so the newly pruned weights regrew at the next step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
+    opt = _make_opt(kind, model.parameters())
+    prune.l1_unstructured(model[0], "weight", 0.25, optimizer=opt)
+    prune.l1_unstructured(model[0], "weight", 0.75)  # no optimizer=: the registered one follows
+    keep = prune.get_mask(model[0])
+    assert int((~keep).sum()) == 48
+    for _ in range(2):
+        _train_step(model, opt)
+    assert bool((model[0].weight[~keep] == 0).all()) and bool((model[0].weight[keep] != 0).all())
+    # a state_dict loaded without optimizer= reaches the registered optimizer too
+    fresh = copy.deepcopy(model)
+    prune.l1_unstructured(fresh[0], "weight", 0.9)
+    prune.load_state_dict(model, fresh.state_dict())
+    keep = prune.get_mask(model[0])
+    _train_step(model, opt)
+    assert int((~keep).sum()) == round(0.9 * 64) and bool((model[0].weight[~keep] == 0).all())
