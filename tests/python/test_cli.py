@@ -153,6 +153,7 @@ def test_an_unwritable_out_folder_is_refused_for_a_user_without_root(tmp_path):
     r = run_cli(["doctor", "--out", str(ro / "o"), "--", str(tmp_path / "train.py")], str(tmp_path))
     assert r.returncode == 2 and "is not writable" in r.stderr, r.stderr
 
+
 def test_bench_all_runs_every_benchmark_with_quick(monkeypatch):
     from torchspeed import benchmarks, cli
 
