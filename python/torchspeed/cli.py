@@ -10,6 +10,7 @@ Every benchmark ships in the package (torchspeed.benchmarks), so these work afte
 """
 
 import argparse
+import sys
 
 from . import benchmarks
 from ._cli_args import int_at_least, output_folder
@@ -36,15 +37,22 @@ def main(argv=None) -> int:
         "doctor",
         help="profile a training script: step breakdown and ranked advice",
         description="Runs the command after -- in this process with torch's hooks installed "
-        "(each step of its first optimizer ends a step), then prints where the step time goes "
-        "and what to change, and writes report.txt, summary.json, trace.json (Perfetto) and "
-        "steps.png to --out.",
+        "(each step of its first optimizer ends a step; in a loop without one, each iteration "
+        "of forward and backward), then prints where the step time goes and what to change on "
+        "stderr (the script's stdout stays its own), and writes report.txt, summary.json, "
+        "trace.json (Perfetto) and steps.png to --out.",
     )
     doc.add_argument(
         "--steps",
         type=int_at_least(1),
         default=None,
-        help="stop the script after N steps (default: run to its end)",
+        help="profile N steps, then report while the script runs on unprofiled (default: "
+        "profile to the script's end)",
+    )
+    doc.add_argument(
+        "--stop-script",
+        action="store_true",
+        help="with --steps: end the script after its N steps (as if it returned) instead",
     )
     doc.add_argument(
         "--warmup",
@@ -68,8 +76,6 @@ def main(argv=None) -> int:
     doc.add_argument("--no-png", action="store_true", help="do not write steps.png")
     doc.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS")
     if argv is None:
-        import sys
-
         argv = sys.argv[1:]
     if argv and argv[0] == "demo":  # its own parser (python -m torchspeed.demo is the same)
         from .demo import main as demo_main
@@ -88,6 +94,8 @@ def main(argv=None) -> int:
 
             if not torch.cuda.is_available():
                 doc.error("argument --device: cuda, but CUDA is not available")
+        if args.stop_script and args.steps is None:
+            doc.error("--stop-script needs --steps N")
         from .profile._doctor import check_command
         from .profile._doctor import run as run_doctor
 
@@ -103,6 +111,8 @@ def main(argv=None) -> int:
             device=args.device,
             trace=not args.no_trace,
             png=not args.no_png,
+            then="stop" if args.stop_script else "continue",
+            file=sys.stderr,
         )
     args, extra = ap.parse_known_args(argv)
     if args.cmd == "info":

@@ -152,3 +152,9 @@ def test_an_unwritable_out_folder_is_refused_for_a_user_without_root(tmp_path):
     (tmp_path / "train.py").write_text("")
     r = run_cli(["doctor", "--out", str(ro / "o"), "--", str(tmp_path / "train.py")], str(tmp_path))
     assert r.returncode == 2 and "is not writable" in r.stderr, r.stderr
+
+
+def test_doctor_stop_script_needs_steps(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    r = run_cli(["doctor", "--stop-script", "--", str(tmp_path / "train.py")], str(tmp_path))
+    assert r.returncode == 2 and "--stop-script needs --steps N" in r.stderr.splitlines()[-1]
