@@ -108,3 +108,46 @@ def test_steps_are_optimizer_steps_under_accumulate_grad_batches():
     assert cb.profiler is None
     assert cb.summary is not None
     assert cb.summary.steps == 4 - 1  # the warmup step is left out of the summary
+
+
+class _ClipModule(_Module):
+    def __init__(self, opt_cls):
+        super().__init__()
+        self.opt_cls = opt_cls
+
+    def configure_optimizers(self):
+        return self.opt_cls(self.parameters(), lr=1e-2)
+
+    def train_dataloader(self):  # torch's loader, in order: both runs see the same batches
+        return torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(self.x, self.y * 50), batch_size=8
+        )
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_gradient_clip_val_with_torchspeeds_optimizer_under_bf16_mixed(algorithm):
+    # Issue 25: Lightning raised "does not allow for gradient clipping because it performs
+    # unscaling of gradients internally" for torchspeed's AdamW under any mixed precision. The
+    # Trainer's arguments now work unchanged and clip as Lightning clips torch's AdamW.
+    from torchspeed.integrations.lightning import TorchspeedCallback
+
+    results = {}
+    for name, opt_cls in (("torch", torch.optim.AdamW), ("torchspeed", torchspeed.optim.AdamW)):
+        torch.manual_seed(0)
+        module = _ClipModule(opt_cls)
+        trainer = _trainer(
+            TorchspeedCallback(hooks=False, print_report=False),
+            max_steps=6,
+            precision="bf16-mixed",
+            gradient_clip_val=0.05,
+            gradient_clip_algorithm=algorithm,
+        )
+        trainer.fit(module)
+        assert trainer.gradient_clip_val == 0.05  # the user's value is back after the fit
+        results[name] = (module.losses, [p.detach().clone() for p in module.parameters()])
+    # The same clipped updates: torchspeed's AdamW against torch's (fp32 master math, bf16
+    # autocast forward in both: max diff 3e-8 here); leaving the clip out moves them by 0.02.
+    torch.testing.assert_close(results["torchspeed"][0], results["torch"][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(results["torchspeed"][1], results["torch"][1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _nothing_running()
