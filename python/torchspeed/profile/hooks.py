@@ -399,6 +399,17 @@ class TorchHooks:
 
             return zero_grad
 
+        def make_clip(orig):
+            def clip_grad_norm_(*args, **kwargs):
+                if hooks._mine():
+                    hooks._count("clip_grad_norm")
+                return orig(*args, **kwargs)
+
+            clip_grad_norm_.__wrapped__ = orig
+            clip_grad_norm_.__doc__ = orig.__doc__
+            return clip_grad_norm_
+
+        self._patch(torch.nn.utils, "clip_grad_norm_", make_clip)
         self._patch(torch.optim.Optimizer, "zero_grad", make_zero_grad)
         self._patch(nn.Module, "zero_grad", make_zero_grad)
 

@@ -163,6 +163,7 @@ class RunFacts:
     #:   eval_forward_with_grad  forwards of a module in eval() mode with grad enabled
     #:   conv_input_not_channels_last  4-D inputs to a Conv2d on CUDA not in channels_last
     #:   module_calls        forward calls of any module (per step: divide by steps)
+    #:   clip_grad_norm      torch.nn.utils.clip_grad_norm_ calls
     counters: Dict[str, int] = field(default_factory=dict)
     #: Steps profiled (to turn counters into per-step rates).
     steps: int = 0

@@ -604,3 +604,14 @@ def test_uneven_steps_are_flagged_from_p90_over_the_median(ratio, severity):
     assert got.severity == severity and got.est_step_s is None
     assert f"the p90 step is {ratio:.1f}x the median" in got.title
     assert "load average" in got.detail
+
+
+def test_clip_grad_norm_calls_suggest_the_optimizers_max_grad_norm():
+    facts = RunFacts(counters={"clip_grad_norm": 6}, steps=3)
+    f = _by_rule(lint(facts))["clip_into_optimizer"]
+    assert f.kind == "lint" and "max_grad_norm=" in f.fix and "2.0 per step" in f.title
+    with_ts = RunFacts(
+        counters={"clip_grad_norm": 6}, steps=3, optimizers=[torchspeed.optim.AdamW(_param())]
+    )
+    assert "clip_into_optimizer" not in _by_rule(lint(with_ts))  # its max_grad_norm is there
+    assert "clip_into_optimizer" not in _by_rule(lint(RunFacts(steps=3)))
