@@ -151,3 +151,41 @@ def test_gradient_clip_val_with_torchspeeds_optimizer_under_bf16_mixed(algorithm
     for a, b in zip(results["torchspeed"][1], results["torch"][1]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     _nothing_running()
+
+
+def test_resume_through_ckpt_path_with_torchspeeds_loader_is_exact(tmp_path):
+    # Issue 25: a resume through ckpt_path with torchspeed's loader must continue the same
+    # batches and weights as the uninterrupted run, mid-epoch (step 4 of 8 per epoch) and at the
+    # epoch boundary (step 8). Lightning saves and restores the loader's state_dict.
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from torchspeed.integrations.lightning import TorchspeedCallback
+
+    def fit(ckpt_path=None, save=False):
+        torch.manual_seed(0)
+        module = _Module()
+        callbacks = [TorchspeedCallback(hooks=False, print_report=False)]
+        if save:
+            callbacks.append(
+                ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_top_k=-1)
+            )
+        trainer = lightning.Trainer(
+            max_steps=12,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=save,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=callbacks,
+        )
+        trainer.fit(module, ckpt_path=ckpt_path)
+        return module
+
+    full = fit(save=True)
+    for step in (4, 8):
+        (ckpt,) = tmp_path.glob(f"*step={step}.ckpt")
+        resumed = fit(ckpt_path=str(ckpt))
+        assert resumed.losses == full.losses[step:], step  # the same batches, bit for bit
+        for a, b in zip(resumed.parameters(), full.parameters()):
+            assert torch.equal(a, b), step
+    _nothing_running()
