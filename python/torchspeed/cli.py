@@ -72,6 +72,18 @@ def main(argv=None) -> int:
         default=None,
         help="timeline clock (default: cuda if available)",
     )
+    doc.add_argument(
+        "--verify",
+        type=int_at_least(2),
+        nargs="?",
+        const=8,
+        default=None,
+        metavar="STEPS",
+        help="check the advice: run the script's first STEPS steps (default 8) as it is, then "
+        "once per applicable fix (bf16 autocast, torchspeed's optimizer, clip_grad_norm_ folded "
+        "into it, more loader workers, the data in memory) and print each measured gain beside "
+        "its estimate, with the loss drift (the script runs several times; its stdout is dropped)",
+    )
     doc.add_argument("--no-trace", action="store_true", help="do not write trace.json")
     doc.add_argument("--no-png", action="store_true", help="do not write steps.png")
     doc.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS")
@@ -103,6 +115,10 @@ def main(argv=None) -> int:
             check_command(command)
         except (ValueError, OSError, ImportError) as e:
             doc.error(str(e).removeprefix("torchspeed doctor: "))
+        if args.verify is not None:
+            from .profile._doctor import run_verify
+
+            return run_verify(command, steps=args.verify, warmup=args.warmup, file=sys.stderr)
         return run_doctor(
             command,
             steps=args.steps,

@@ -104,6 +104,7 @@ def test_int8_linear_bench_as_an_avx2_host(tmp_path):
 _BAD_ARGS = {
     "doctor --warmup -1": ["doctor", "--warmup", "-1", "--", "python", "{script}"],
     "doctor --steps 0": ["doctor", "--steps", "0", "--", "python", "{script}"],
+    "doctor --verify 1": ["doctor", "--verify", "1", "--", "python", "{script}"],
     "doctor --device cuda without CUDA": ["doctor", "--device", "cuda", "--", "python", "{script}"],
     "doctor -- missing.py": ["doctor", "--", "python", "{tmp}/missing.py"],
     "doctor -- -m missing": ["doctor", "--", "python", "-m", "no_such_module_xyz"],

@@ -255,29 +255,70 @@ def run(argv: List[str], **kwargs) -> int:
     # Resolved before profiling starts: a typo fails at once, with nothing installed.
     argv = check_command(argv)
     status = 0
-    saved_argv, saved_path = sys.argv, list(sys.path)
     try:
         with doctor(**kwargs):
-            try:
-                if argv[0] == "-m":
-                    sys.argv = [argv[1]] + argv[2:]
-                    sys.path.insert(0, os.getcwd())
-                    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-                else:
-                    sys.argv = argv
-                    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-                    runpy.run_path(argv[0], run_name="__main__")
-            except SystemExit as e:
-                code = e.code
-                if isinstance(code, int):
-                    status = code
-                elif code is None:
-                    status = 0
-                else:  # sys.exit("message"): Python prints it and exits with 1
-                    print(code, file=sys.stderr)
-                    status = 1
+            status = _execute(argv)
     except KeyboardInterrupt:
         status = 130
+    return status
+
+
+def _execute(argv: List[str]) -> int:
+    """Runs the checked command as __main__ in this process; returns its exit status (an
+    exception propagates). sys.argv and sys.path are restored after."""
+    status = 0
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1]] + argv[2:]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+        if isinstance(code, int):
+            status = code
+        elif code is None:
+            status = 0
+        else:  # sys.exit("message"): Python prints it and exits with 1
+            print(code, file=sys.stderr)
+            status = 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return status
+
+
+def run_verify(argv: List[str], steps: int = 8, warmup: int = 1, file=None) -> int:
+    """``torchspeed doctor --verify``: runs the script's first ``steps`` steps as it is, then
+    again with each fix its findings call for (verify.py), and prints each fix's measured gain
+    beside the estimate and the loss drift. The script's stdout during these runs is dropped
+    (it runs several times); returns 0, or the baseline run's exit status when it fails."""
+    import io
+
+    from .verify import format_rows, losses_recorded, verify
+
+    argv = check_command(argv)
+    stream = file or sys.stdout
+    failed = []
+
+    def run_steps(ctx):
+        losses: List[float] = []
+        with ctx, losses_recorded(losses), contextlib.redirect_stdout(io.StringIO()):
+            with doctor(
+                steps=steps, out=None, progress=False, file=io.StringIO(), warmup=warmup
+            ) as prof:
+                code = _execute(argv)
+                if code:
+                    failed.append(code)
+        s = prof.summary(gather=False)
+        return s.step_median_s, losses, prof.advice(s), s.phases["data_wait"].median_s
+
+    rows = verify(run_steps)
+    if failed:
+        print(f"torchspeed doctor --verify: the script exited with {failed[0]}", file=stream)
+        return failed[0]
+    print(format_rows(rows, steps), file=stream, flush=True)
+    return 0

@@ -142,6 +142,7 @@ class ModuleSampler:
         self.op_step_ns = 0
         self._ops: List[OpTime] = []
         self.op_step: Optional[int] = None  # the step torch.profiler recorded (run numbering)
+        self._stopped_prof = None
 
     # ---- module forwards (called from the global hooks) ------------------------------------
     def enter(self, module: Any) -> None:
@@ -182,8 +183,9 @@ class ModuleSampler:
             self._start_ops(steps_seen)
 
     def perturbed_steps(self) -> List[int]:
-        """Steps to leave out of the summary: the one torch.profiler recorded."""
-        return [self.op_step] if self.op_step is not None else []
+        """Steps to leave out of the summary: the one torch.profiler recorded, and the next one
+        (stopping the profiler and collecting its events happen at their boundary)."""
+        return [self.op_step, self.op_step + 1] if self.op_step is not None else []
 
     def _start_ops(self, step: int) -> None:
         # Not while the user's own torch.profiler runs: one profiler at a time.
@@ -202,6 +204,12 @@ class ModuleSampler:
         prof, self._torch_prof = self._torch_prof, None
         with _native_stderr_silenced():
             prof.__exit__(None, None, None)
+        self._stopped_prof = prof  # its events are read in result(), after the run
+
+    def _read_ops(self) -> None:
+        prof, self._stopped_prof = self._stopped_prof, None
+        if prof is None:
+            return
         step_ns = max(self.op_step_ns, 1)
         rows = []
         for e in prof.key_averages(group_by_input_shape=True):
@@ -222,6 +230,7 @@ class ModuleSampler:
 
     # ---- result -----------------------------------------------------------------------------
     def result(self, models: Tuple[Any, ...] = ()) -> Optional[Attribution]:
+        self._read_ops()
         if not self.sampled_steps and not self._ops:
             return None
         names: Dict[int, str] = {}
