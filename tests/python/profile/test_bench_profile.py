@@ -25,5 +25,5 @@ def test_table_rows_and_format():
     t.add("1. C++ range", "TORCHSPEED_RANGE, profiling off", 1.234, "ns/range", iqr=0.1, note="x")
     t.add("2. Python range", "with tsp.range", 250.0, "ns")
     text = t.format("# header")
-    assert text.splitlines()[0] == "# header" and "1.234" in text and "250.0" in text
+    assert text.splitlines()[0] == "# header" and " 1.23 " in text and "250.0" in text
     assert table.verdict(1.0, 2.0) == "met" and table.verdict(3.0, 2.0) == "MISSED"
