@@ -104,6 +104,7 @@ def test_int8_linear_bench_as_an_avx2_host(tmp_path):
 _BAD_ARGS = {
     "doctor --warmup -1": ["doctor", "--warmup", "-1", "--", "python", "{script}"],
     "doctor --steps 0": ["doctor", "--steps", "0", "--", "python", "{script}"],
+    "doctor --verify 1": ["doctor", "--verify", "1", "--", "python", "{script}"],
     "doctor --device cuda without CUDA": ["doctor", "--device", "cuda", "--", "python", "{script}"],
     "doctor -- missing.py": ["doctor", "--", "python", "{tmp}/missing.py"],
     "doctor -- -m missing": ["doctor", "--", "python", "-m", "no_such_module_xyz"],
@@ -192,3 +193,9 @@ def test_harness_records_rates_against_their_anchor(tmp_path, monkeypatch, capsy
     rec = json.loads((tmp_path / "bench_rates_cpu.json").read_text())
     assert rec["rows"][1]["speedup_vs_best_anchor"] == pytest.approx(2.5)
     assert rec["details"] == {"workload": {"images": 4}}
+
+
+def test_doctor_stop_script_needs_steps(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    r = run_cli(["doctor", "--stop-script", "--", str(tmp_path / "train.py")], str(tmp_path))
+    assert r.returncode == 2 and "--stop-script needs --steps N" in r.stderr.splitlines()[-1]
