@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import _C
 from .._native import native_module
+from .errors import RanksOutOfData
+from .process_group import as_process_group
 
 _COMPRESSION = {
     None: "none",
@@ -52,20 +53,6 @@ def _check_real(value, arg, what=_NAME):
 def _check_bool(value, arg, what=_NAME):
     if not isinstance(value, bool):
         raise TypeError(f"{what}: {arg} must be a bool, got {type(value).__name__} {value!r}")
-
-
-if getattr(_C, "dist", None) is not None:
-    RanksOutOfData = _C.dist.RanksOutOfData
-else:  # built without the area: the name still exists for except clauses
-
-    class RanksOutOfData(RuntimeError):
-        pass
-
-
-RanksOutOfData.__doc__ = (
-    "Raised on the ranks still training when another rank left its loop inside join(); "
-    "`.ranks` lists the ranks that ran out."
-)
 
 
 class AccumulatingDDP(nn.Module):
@@ -167,7 +154,7 @@ class AccumulatingDDP(nn.Module):
                     "process_group="
                 )
             process_group = dist.distributed_c10d._get_default_group()
-        process_group = _as_process_group(process_group, name)
+        process_group = as_process_group(process_group, name)
         named_params = list(module.named_parameters())
         params = [p for _, p in named_params]
         if device_ids is not None:
@@ -354,31 +341,6 @@ class AccumulatingDDP(nn.Module):
             f"accumulation_steps={self.accumulation_steps}, world_size={self.world_size}, "
             f"buckets={self._impl.stats().buckets}, compression={self.compression!r}"
         )
-
-
-def _as_process_group(group, name):
-    """A ProcessGroup as given, or one wrapping a bare backend (dist.ProcessGroupGloo(store, r, n)
-    is a Backend, not a ProcessGroup): the same wrapping torch's init_process_group does."""
-    if isinstance(group, dist.ProcessGroup):
-        return group
-    from torch._C._distributed_c10d import Backend as C10dBackend
-
-    if isinstance(group, C10dBackend):
-        pg = dist.ProcessGroup(dist.HashStore(), group.rank(), group.size())
-        kind = {
-            "gloo": dist.ProcessGroup.BackendType.GLOO,
-            "nccl": dist.ProcessGroup.BackendType.NCCL,
-        }.get(group.name().lower())
-        if kind is None:
-            raise TypeError(f"{name}: process_group backend {group.name()!r} is not gloo or nccl")
-        pg._set_default_backend(kind)
-        device = torch.device("cuda" if kind == dist.ProcessGroup.BackendType.NCCL else "cpu")
-        pg._register_backend(device, kind, group)
-        return pg
-    raise TypeError(
-        f"{name}: process_group must be a torch.distributed ProcessGroup (dist.new_group(), "
-        f"the default group) or a Backend, got {type(group).__name__}"
-    )
 
 
 def _strip_module_prefix(module, state_dict, prefix, local_metadata):

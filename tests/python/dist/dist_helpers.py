@@ -1,6 +1,7 @@
-"""Helpers of the torchspeed.dist tests: a bounded multi-process launcher (Gloo on 127.0.0.1, every
-process in its own session, killed with its group on timeout or failure: no orphans) and the model,
-data and single-process references that dist_worker.py and test_dist.py share."""
+"""Helpers of the torchspeed.dist tests: whether the area is built, a bounded multi-process launcher
+(Gloo on 127.0.0.1, every process in its own session, killed with its group on timeout or failure:
+no orphans), the one table of training cases, and the model, data and single-process references
+that dist_worker.py and the test files share."""
 
 from __future__ import annotations
 
@@ -18,6 +19,44 @@ from torch import nn
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "dist_worker.py"
+
+F64 = dict(rtol=1e-12, atol=1e-14)  # the issue's float64 bound: 1e-12 relative
+F32 = dict(rtol=1e-5, atol=1e-6)  # float32: 1e-5 relative (atol for values near zero)
+
+
+def _dist_missing():
+    """None when the dist area is built, else its one "area not built" error (the tests skip
+    with it as the reason)."""
+    from torchspeed._native import AreaNotBuiltError, native_module
+
+    try:
+        native_module("dist")
+    except AreaNotBuiltError as e:
+        return e
+    return None
+
+
+DIST_MISSING = _dist_missing()
+
+# ---- scale_cast_ ----------------------------------------------------------------------------------
+
+PAIRS = [
+    (torch.float32, torch.float32),
+    (torch.float32, torch.bfloat16),
+    (torch.float32, torch.float16),
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.bfloat16),
+    (torch.float64, torch.float64),
+]
+
+
+def scale_cast_reference(src, scale, out_dtype):
+    """fp32 arithmetic (fp64 for fp64), one rounding into the output dtype, as torch rounds."""
+    if src.dtype == torch.float64:
+        return src * scale
+    return (src.float() * torch.tensor(scale, dtype=torch.float32)).to(out_dtype)
 
 
 def free_port() -> int:
@@ -117,6 +156,45 @@ class Net(nn.Module):
         return out
 
 
+# The training cases of the "main" scenario (dist_worker.train's arguments), one table for the
+# worker and the tests; MAIN4 runs on 4 ranks too.
+F64_, F32_ = torch.float64, torch.float32
+CASES = {
+    "f64_sgd": dict(case="plain", dtype=F64_, opt_name="sgd", k=3, steps=3),
+    "f32_ts_adamw": dict(case="plain", dtype=F32_, opt_name="ts_adamw", k=2, steps=3),
+    "f64_no_sync": dict(case="plain", dtype=F64_, opt_name="sgd", k=3, steps=3, style="no_sync"),
+    "f64_micro_batch": dict(
+        case="plain", dtype=F64_, opt_name="sgd", k=3, steps=3, style="micro_batch"
+    ),
+    "f32_bf16": dict(case="plain", dtype=F32_, opt_name="sgd", k=2, steps=3, compression="bf16"),
+    "f32_fp16": dict(case="plain", dtype=F32_, opt_name="sgd", k=2, steps=3, compression="fp16"),
+    "f32_none": dict(case="plain", dtype=F32_, opt_name="sgd", k=2, steps=3),
+    "unused_sgd": dict(case="unused", dtype=F64_, opt_name="sgd", k=3, steps=3, find_unused=True),
+    "unused_adamw": dict(
+        case="unused", dtype=F64_, opt_name="adamw", k=3, steps=3, find_unused=True
+    ),
+    # One window: the side branch used on rank 0's first micro-step only.
+    "unused_no_find": dict(case="unused", dtype=F64_, opt_name="sgd", k=3, steps=1),
+    # l1.weight frozen after wrapping, before step 1: its .grad stays None.
+    "frozen_adamw": dict(case="plain", dtype=F64_, opt_name="adamw", k=2, steps=3, freeze_at=1),
+    "f32_scaler_clip": dict(
+        case="plain", dtype=F32_, opt_name="sgd", k=2, steps=3, clip=0.05, scaler=True
+    ),
+}
+MAIN4 = ("f64_sgd", "f32_ts_adamw")
+_REFERENCE_ARGS = ("clip", "scaler", "freeze_at")
+
+
+def case_reference(name, world, cases=None):
+    """The single-process reference of training case `name` over `world` ranks' samples (the
+    wire format options, compression and the loop style, do not change the math)."""
+    kw = (cases or CASES)[name]
+    extra = {k: kw[k] for k in _REFERENCE_ARGS if k in kw}
+    return reference(
+        kw["case"], world, kw["k"], kw["steps"], 4, kw["dtype"], kw["opt_name"], **extra
+    )
+
+
 def window_data(step, world, k, mb, dtype):
     """The global batch of one optimizer step: x [world, k, mb, 8], y [world, k, mb, 4]."""
     g = torch.Generator().manual_seed(1000 + step)
@@ -146,9 +224,7 @@ def make_optimizer(name, params):
     raise ValueError(name)
 
 
-def reference(
-    case, world, k, steps, mb, dtype, opt_name, clip=None, scaler=False, freeze_at=None
-):
+def reference(case, world, k, steps, mb, dtype, opt_name, clip=None, scaler=False, freeze_at=None):
     """Single-process training over the same samples: each optimizer step accumulates the loss of
     every (rank, micro-step) chunk divided by world * k, which is the large-batch mean loss."""
     model = Net(dtype)

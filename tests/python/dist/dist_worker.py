@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from dist_helpers import Net, make_optimizer, side_used, token_data, window_data
+from dist_helpers import CASES, MAIN4, Net, make_optimizer, side_used, token_data, window_data
 from torch import nn
 
 import torchspeed
@@ -289,90 +289,8 @@ def main(scenario: str):
     dist.init_process_group("gloo", rank=RANK, world_size=WORLD, timeout=timeout)
     results, facts = {}, {"torchspeed": torchspeed.__version__}
     if scenario in ("main", "main4"):
-        cases = {
-            "f64_sgd": dict(case="plain", dtype=torch.float64, opt_name="sgd", k=3, steps=3),
-            "f32_ts_adamw": dict(
-                case="plain", dtype=torch.float32, opt_name="ts_adamw", k=2, steps=3
-            ),
-        }
-        if scenario == "main":
-            cases.update(
-                {
-                    "f64_no_sync": dict(
-                        case="plain",
-                        dtype=torch.float64,
-                        opt_name="sgd",
-                        k=3,
-                        steps=3,
-                        style="no_sync",
-                    ),
-                    "f64_micro_batch": dict(
-                        case="plain",
-                        dtype=torch.float64,
-                        opt_name="sgd",
-                        k=3,
-                        steps=3,
-                        style="micro_batch",
-                    ),
-                    "f32_bf16": dict(
-                        case="plain",
-                        dtype=torch.float32,
-                        opt_name="sgd",
-                        k=2,
-                        steps=3,
-                        compression="bf16",
-                    ),
-                    "f32_fp16": dict(
-                        case="plain",
-                        dtype=torch.float32,
-                        opt_name="sgd",
-                        k=2,
-                        steps=3,
-                        compression="fp16",
-                    ),
-                    "f32_none": dict(
-                        case="plain", dtype=torch.float32, opt_name="sgd", k=2, steps=3
-                    ),
-                    "unused_sgd": dict(
-                        case="unused",
-                        dtype=torch.float64,
-                        opt_name="sgd",
-                        k=3,
-                        steps=3,
-                        find_unused=True,
-                    ),
-                    "unused_adamw": dict(
-                        case="unused",
-                        dtype=torch.float64,
-                        opt_name="adamw",
-                        k=3,
-                        steps=3,
-                        find_unused=True,
-                    ),
-                    # One window: the side branch used on rank 0's first micro-step only.
-                    "unused_no_find": dict(
-                        case="unused", dtype=torch.float64, opt_name="sgd", k=3, steps=1
-                    ),
-                    # l1.weight frozen after wrapping, before step 1: its .grad stays None.
-                    "frozen_adamw": dict(
-                        case="plain",
-                        dtype=torch.float64,
-                        opt_name="adamw",
-                        k=2,
-                        steps=3,
-                        freeze_at=1,
-                    ),
-                    "f32_scaler_clip": dict(
-                        case="plain",
-                        dtype=torch.float32,
-                        opt_name="sgd",
-                        k=2,
-                        steps=3,
-                        clip=0.05,
-                        scaler=True,
-                    ),
-                }
-            )
+        names = MAIN4 if scenario == "main4" else tuple(CASES)
+        cases = {name: CASES[name] for name in names}
         for name, kw in cases.items():
             _, results[name] = train(**kw)
         if scenario == "main":
