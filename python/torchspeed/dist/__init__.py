@@ -15,5 +15,6 @@ normalisation over variable-length batches, compression and the stats.
 
 from .ddp import AccumulatingDDP
 from .errors import RanksOutOfData
+from .zero import ZeroOptimizer, consolidate_state_dict
 
-__all__ = ["AccumulatingDDP", "RanksOutOfData"]
+__all__ = ["AccumulatingDDP", "RanksOutOfData", "ZeroOptimizer", "consolidate_state_dict"]

@@ -182,14 +182,28 @@ CASES = {
     ),
 }
 MAIN4 = ("f64_sgd", "f32_ts_adamw")
-_REFERENCE_ARGS = ("clip", "scaler", "freeze_at")
+
+# The ZeRO-1 cases (dist_worker.zero_train's arguments): the same math as CASES, the state sharded.
+ZERO_CASES = {
+    "z_f64_sgd": dict(case="plain", dtype=F64_, opt_name="sgd", k=3, steps=3),
+    "z_f64_adamw_clip": dict(case="plain", dtype=F64_, opt_name="adamw", k=2, steps=3, clip=0.05),
+    "z_f32_ts_adamw": dict(case="plain", dtype=F32_, opt_name="ts_adamw", k=2, steps=3),
+    "z_f64_scaler_inf": dict(
+        case="plain", dtype=F64_, opt_name="adamw", k=2, steps=3, scaler=True, inf_at=1
+    ),
+    # `side` is used on rank 0 only (in one micro-step): rank 1 gives it no gradient.
+    "z_f64_unused_one_rank": dict(case="unused_one_rank", dtype=F64_, opt_name="sgd", k=2, steps=3),
+    "z_f32_bf16": dict(case="plain", dtype=F32_, opt_name="sgd", k=2, steps=3, compression="bf16"),
+}
+ZERO4 = ("z_f64_sgd", "z_f64_adamw_clip")
+_REFERENCE_ARGS = ("clip", "scaler", "freeze_at", "inf_at")
 
 
-def case_reference(name, world, cases=None):
+def case_reference(name, world, cases=None, **more):
     """The single-process reference of training case `name` over `world` ranks' samples (the
     wire format options, compression and the loop style, do not change the math)."""
     kw = (cases or CASES)[name]
-    extra = {k: kw[k] for k in _REFERENCE_ARGS if k in kw}
+    extra = {k: kw[k] for k in _REFERENCE_ARGS if k in kw} | more
     return reference(
         kw["case"], world, kw["k"], kw["steps"], 4, kw["dtype"], kw["opt_name"], **extra
     )
@@ -207,33 +221,67 @@ def side_used(case, step, rank, micro, k):
     """Which micro-steps use the side branch: 'unused' uses it on rank 0's first micro-step only
     (never on the synchronising one), and on no rank in step 1 (unused everywhere in a window);
     'plain' always uses it."""
+    if case == "unused_one_rank":
+        return rank == 0 and micro == 0
     if case != "unused":
         return True  # "plain": every param gets a gradient in every micro-step
     return step != 1 and rank == 0 and micro == 0
 
 
-def make_optimizer(name, params):
+def optimizer_spec(name):
+    """(optimizer class, hyperparameters) of the tests' optimizer `name`."""
     import torchspeed
 
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
-    if name == "ts_adamw":
-        return torchspeed.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
-    raise ValueError(name)
+    specs = {
+        "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+        "adamw": (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
+        "ts_adamw": (torchspeed.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
+        "ts_sgd": (torchspeed.optim.SGD, dict(lr=0.1, momentum=0.9)),
+    }
+    return specs[name]
 
 
-def reference(case, world, k, steps, mb, dtype, opt_name, clip=None, scaler=False, freeze_at=None):
+def make_optimizer(name, params):
+    cls, kw = optimizer_spec(name)
+    return cls(params, **kw)
+
+
+def inject_inf(x, step, inf_at):
+    """An inf in rank 1's first sample of step `inf_at` (GradScaler must skip that step)."""
+    if step == inf_at:
+        x[1, 0, 0, 0] = float("inf")
+
+
+def reference(
+    case,
+    world,
+    k,
+    steps,
+    mb,
+    dtype,
+    opt_name,
+    clip=None,
+    scaler=False,
+    freeze_at=None,
+    inf_at=None,
+    start=None,
+    with_state=False,
+):
     """Single-process training over the same samples: each optimizer step accumulates the loss of
     every (rank, micro-step) chunk divided by world * k, which is the large-batch mean loss."""
     model = Net(dtype)
     opt = make_optimizer(opt_name, model.parameters())
     sc = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
-    for step in range(steps):
+    first = 0
+    if start is not None:  # resume: (step, model state_dict, plain optimizer state_dict)
+        first = start[0]
+        model.load_state_dict(start[1])
+        opt.load_state_dict(start[2])
+    for step in range(first, steps):
         if step == freeze_at:
             model.l1.weight.requires_grad_(False)
         x, y = window_data(step, world, k, mb, dtype)
+        inject_inf(x, step, inf_at)
         for r in range(world):
             for j in range(k):
                 out = model(x[r, j], use_side=side_used(case, step, r, j, k))
@@ -249,7 +297,10 @@ def reference(case, world, k, steps, mb, dtype, opt_name, clip=None, scaler=Fals
         else:
             opt.step()
         opt.zero_grad()
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    if with_state:  # the scale and the optimizer state as well
+        return params, (sc.get_scale() if sc else None), opt.state_dict()
+    return params
 
 
 def large_batch_reference(world, k, steps, mb, dtype, opt_name):
