@@ -397,10 +397,15 @@ def _report_zero(data, machine, argv, grad_bytes, out_dir) -> int:
     step = {n: statistics.median(r["step"]) for n, r in data["results"].items()}
     ours, zero, torch_zero = (n + _NONE for n in (_ZC, _ZZ, _ZT))
     st = data["stats"]
+    # Bytes each rank sends per optimizer step with ring algorithms: an all-reduce of B bytes
+    # sends 2 (w-1)/w B, a reduce-scatter or an all-gather (w-1)/w B; torch's
+    # ZeroRedundancyOptimizer all-reduces the grads, then broadcasts every rank's shard.
+    w = data["world"]
+    ring = (w - 1) / w
     wire = {
-        ours: st[ours]["last_bytes_reduced"],
-        zero: st[zero]["last_bytes_reduced"] + st[zero]["last_bytes_all_gathered"],
-        torch_zero: 2 * grad_bytes,  # all-reduce of the grads + a broadcast of every shard
+        ours: 2 * ring * st[ours]["last_bytes_reduced"],
+        zero: ring * (st[zero]["last_bytes_reduced"] + st[zero]["last_bytes_all_gathered"]),
+        torch_zero: 2 * ring * grad_bytes + ring * grad_bytes,
     }
     head = (
         f"# bench_ddp --zero ({machine['cpu_model']}, {machine['cores']} cores, 2 ranks x 1 "
@@ -408,7 +413,7 @@ def _report_zero(data, machine, argv, grad_bytes, out_dir) -> int:
         f"micro-batch {data['batch']} x {data['width']}; torchspeed.optim.AdamW in every row)"
     )
     header = (
-        f"{'variant':<62} {'ms/opt step':>11} {'vs no ZeRO':>10} {'MiB wire':>8} {'state MiB':>9}"
+        f"{'variant':<62} {'ms/opt step':>11} {'vs no ZeRO':>10} {'MiB sent':>8} {'state MiB':>9}"
     )
     lines = [head, header, "-" * len(header)]
     rows = []
@@ -420,12 +425,12 @@ def _report_zero(data, machine, argv, grad_bytes, out_dir) -> int:
                 "median_s": step[name],
                 "step_s": data["results"][name]["step"],
                 "vs_no_zero": step[name] / step[ours],
-                "bytes_on_wire_per_step": wire[name],
+                "bytes_sent_per_rank_per_step": wire[name],
                 "optimizer_state_bytes_rank0": state,
             }
         )
         lines.append(
-            f"{name:<62} {1e3 * step[name]:>11.1f} {step[name] / step[ours]:>9.3f}x "
+            f"{name[:62]:<62} {1e3 * step[name]:>11.1f} {step[name] / step[ours]:>9.3f}x "
             f"{wire[name] / 2**20:>8.1f} {state / 2**20:>9.1f}"
         )
     verdict = (
