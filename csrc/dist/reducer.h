@@ -38,6 +38,7 @@ class Reducer {
   std::vector<at::Tensor> buckets() const;
   std::vector<at::Tensor> grad_shards() const;
   bool last_nonfinite() const;
+  std::string zero_collectives() const;
   std::vector<std::pair<int64_t, int64_t>> param_slots() const;
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
 
@@ -112,6 +113,9 @@ class Reducer {
   bool finishing_ = false;        // inside end_backward of the synchronising micro-step
   bool join_active_ = false;
   bool last_nonfinite_ = false;
+  /// zero=1: the shards come from an all-reduce of the whole bucket instead of a reduce-scatter
+  /// (Gloo, whose reduce_scatter is several times slower than its ring all-reduce).
+  bool zero_by_all_reduce_ = false;
   int backward_task_ = -1;  // the graph task of the running backward
   int64_t completed_ = 0;   // backward passes since the last reduction
   size_t next_launch_ = 0;  // the next bucket to launch, in index order

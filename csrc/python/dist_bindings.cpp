@@ -90,6 +90,7 @@ void bind_dist(pybind11::module_& m) {
       .def("buckets", &AccumulatingDDP::buckets)
       .def("grad_shards", &AccumulatingDDP::grad_shards)
       .def_property_readonly("last_nonfinite", &AccumulatingDDP::last_nonfinite)
+      .def_property_readonly("zero_collectives", &AccumulatingDDP::zero_collectives)
       .def("param_slots", &AccumulatingDDP::param_slots);
 }
 

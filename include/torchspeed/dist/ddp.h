@@ -207,6 +207,11 @@ class TORCHSPEED_API AccumulatingDDP {
   std::vector<at::Tensor> grad_shards() const;
   /// zero=1: whether the last synchronising backward found inf/NaN in any rank's shard.
   bool last_nonfinite() const;
+  /// zero=1: "reduce_scatter" (the shards reduce-scattered, the params all-gathered: NCCL), or
+  /// "all_reduce" (both done with an all-reduce: Gloo, whose ring all-reduce is much faster than
+  /// its reduce_scatter/all_gather; TORCHSPEED_ZERO_COLLECTIVES=native|all_reduce overrides);
+  /// "" without zero.
+  std::string zero_collectives() const;
   std::vector<std::pair<int64_t, int64_t>> param_slots() const;
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const;
 

@@ -404,7 +404,10 @@ def _report_zero(data, machine, argv, grad_bytes, out_dir) -> int:
     ring = (w - 1) / w
     wire = {
         ours: 2 * ring * st[ours]["last_bytes_reduced"],
-        zero: ring * (st[zero]["last_bytes_reduced"] + st[zero]["last_bytes_all_gathered"]),
+        # zero=1 on Gloo runs both of its collectives as all-reduces (zero_collectives).
+        zero: ring
+        * (2 if st[zero].get("zero_collectives") == "all_reduce" else 1)
+        * (st[zero]["last_bytes_reduced"] + st[zero]["last_bytes_all_gathered"]),
         torch_zero: 2 * ring * grad_bytes + ring * grad_bytes,
     }
     head = (

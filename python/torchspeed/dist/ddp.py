@@ -91,8 +91,8 @@ class AccumulatingDDP(nn.Module):
         broadcast_buffers: broadcast buffers from rank 0 at every synchronising forward.
         zero: 1 for ZeRO-1: each bucket is reduce-scattered instead of all-reduced, and the
             optimizer made by :meth:`zero_optimizer` keeps state for this rank's shard only
-            (docs/DIST.md). The params' ``.grad`` then hold this rank's unreduced sum after the
-            synchronising backward; the reduced gradient lives in the shards.
+            (docs/DIST.md). After the synchronising backward the params' ``.grad`` are not the
+            reduced gradient: it lives in the shards (clip with :meth:`clip_grad_norm_`).
         device_ids, output_device, gradient_as_bucket_view, static_graph: accepted for drop-in
             compatibility with torch's DDP. Gradients are always bucket views; static_graph is
             not needed (readiness is tracked per window); device_ids must name the module's device.

@@ -95,6 +95,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         super().__init__([{"params": [s]} for s in self._shards], self._inner[0].defaults)
         self.param_groups = [opt.param_groups[0] for opt in self._inner]
         self._optimizer_class = optimizer_class
+        # The reducer's choice for this backend (Gloo: all-reduce; NCCL: the real collectives).
+        self._collectives = impl.zero_collectives
+        self._gather_by_all_reduce = self._collectives == "all_reduce"
         self._stats = {
             "zero_steps": 0,
             "zero_skipped_steps": 0,
@@ -162,7 +165,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for b, opt in enumerate(self._inner):
             self._load_shard(b)
             opt.step()
-            works.append(_all_gather(self._gathered[b], self._shards[b].detach(), self._group))
+            shard = self._shards[b].detach()
+            if self._gather_by_all_reduce:  # Gloo: an all-reduce of zeros but this rank's shard
+                lo, hi = self._range(b)
+                self._gathered[b].zero_()
+                self._gathered[b][lo:hi].copy_(shard)
+                works.append(dist.all_reduce(self._gathered[b], group=self._group, async_op=True))
+            else:
+                works.append(_all_gather(self._gathered[b], shard, self._group))
             nbytes = self._gathered[b].numel() * self._gathered[b].element_size()
             self._stats["bytes_all_gathered"] += nbytes
             self._stats["last_bytes_all_gathered"] += nbytes
@@ -182,6 +192,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         of optimizer state and shard params this rank holds."""
         return dict(
             self._stats,
+            zero_collectives=self._collectives,
             optimizer_state_bytes=self.state_bytes(),
             shard_param_bytes=sum(s.numel() * s.element_size() for s in self._shards),
         )

@@ -201,8 +201,10 @@ TEST_CASE(
   // ZeRO-1 from C++: the buckets are reduce-scattered on the synchronising micro-step only; the
   // shards, the global norm of clip_grad_norm_ and the collective counts against one process.
   setenv("GLOO_SOCKET_IFNAME", "lo", 0);
+  setenv("TORCHSPEED_ZERO_COLLECTIVES", "native", 1);  // Gloo's reduce_scatter, not all-reduce
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<torch::Tensor> shards[kWorld];
+  std::string modes[kWorld];
   std::vector<std::pair<int64_t, int64_t>> slots[kWorld];
   std::vector<int64_t> collectives[kWorld];
   double norms[kWorld] = {0, 0};
@@ -229,6 +231,7 @@ TEST_CASE(
         }
         for (auto& t : ddp.grad_shards()) shards[r].push_back(t.clone());
         slots[r] = ddp.param_slots();
+        modes[r] = ddp.zero_collectives();
         if (ddp.last_nonfinite()) throw std::runtime_error("last_nonfinite without an inf");
         norms[r] = ddp.clip_grad_norm_(1e9).item<double>();
       } catch (const std::exception& e) {
@@ -237,6 +240,7 @@ TEST_CASE(
     });
   }
   for (auto& t : threads) t.join();
+  unsetenv("TORCHSPEED_ZERO_COLLECTIVES");
   // The reference: the mean gradient over every (rank, micro-step) chunk, in one process.
   auto net = make_net();
   for (int r = 0; r < kWorld; ++r) {
@@ -252,6 +256,7 @@ TEST_CASE(
     INFO("rank " << r << ": " << errors[r]);
     REQUIRE(errors[r].empty());
     REQUIRE(shards[r].size() >= 2);
+    CHECK(modes[r] == "reduce_scatter");
     CHECK(std::abs(norms[r] - std::sqrt(sum_sq)) <= 1e-6 * std::sqrt(sum_sq));
     for (int j = 0; j < kMicro; ++j) {  // reduce-scatters + the inf/NaN agreement on the last
       CHECK(collectives[r][j] == (j == kMicro - 1 ? int64_t(shards[r].size()) + 1 : 0));

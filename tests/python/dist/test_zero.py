@@ -43,7 +43,10 @@ def zero4(tmp_path_factory, zero2):
     out = tmp_path_factory.mktemp("dist_zero4")
     resume = out / "resume_from_2.pt"
     torch.save(_checkpoint(zero2, "z_resume"), resume)
-    records = launch(4, "zero4", out, timeout=150, env={"TS_ZERO_RESUME": str(resume)})
+    # The 4 ranks use Gloo's real reduce_scatter/all_gather; the 2 ranks its all-reduce (the
+    # default on Gloo): both paths are checked against the same references.
+    env = {"TS_ZERO_RESUME": str(resume), "TORCHSPEED_ZERO_COLLECTIVES": "native"}
+    records = launch(4, "zero4", out, timeout=150, env=env)
     assert_all_ok(records)
     return records
 
@@ -90,6 +93,13 @@ def test_zero1_equals_single_process_large_batch_training(zero2, case):
 def test_zero1_on_four_ranks(zero4, case):
     kw = ZERO_CASES[case]
     _equal_on_every_rank(zero4, case, case_reference(case, 4, ZERO_CASES), _tol(kw["dtype"]))
+
+
+def test_zero1_collectives_per_backend(zero2, zero4):
+    for r in zero2:
+        assert r["pt"]["z_f64_sgd"]["stats"]["zero_collectives"] == "all_reduce"  # Gloo default
+    for r in zero4:
+        assert r["pt"]["z_f64_sgd"]["stats"]["zero_collectives"] == "reduce_scatter"
 
 
 def test_zero1_bf16_compression_stays_close(zero2):
