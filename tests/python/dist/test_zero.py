@@ -239,3 +239,24 @@ def test_zero_optimizer_refuses_bad_arguments(single_group):
     other = AccumulatingDDP(nn.Linear(3, 2).double(), process_group=single_group, zero=1)
     with pytest.raises(ValueError, match="another model or bucket layout"):
         other.zero_optimizer(torch.optim.SGD, lr=0.1).load_state_dict(sd)
+
+
+def test_zero1_param_frozen_after_wrapping_keeps_its_value(single_group):
+    """A param frozen after wrapping keeps its value under ZeroOptimizer too (its shard elements
+    are stepped with a zero gradient, the result is not written back), so every param equals the
+    single-process AdamW run frozen at the same step."""
+    k, steps = 2, 3
+    net = Net(torch.float64)
+    model = AccumulatingDDP(net, accumulation_steps=k, zero=1, process_group=single_group)
+    opt = model.zero_optimizer(torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
+    for step in range(steps):
+        if step == 1:
+            net.l1.weight.requires_grad_(False)
+        x, y = window_data(step, 1, k, 4, torch.float64)
+        for j in range(k):
+            (nn.functional.mse_loss(model(x[0, j], use_side=True), y[0, j]) / k).backward()
+        opt.step()
+        opt.zero_grad()
+    ref = reference("plain", 1, k, steps, 4, torch.float64, "adamw", freeze_at=1)
+    for n, p in net.named_parameters():
+        torch.testing.assert_close(p.detach(), ref[n], **F64, msg=n)
