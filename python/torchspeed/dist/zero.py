@@ -270,7 +270,12 @@ def _check_dicts(dicts, layout, shapes) -> None:
         raise ValueError(f"{_NAME}: load_state_dict needs at least one state dict")
     world = None
     for k, d in enumerate(dicts):
-        if not isinstance(d, dict) or d.get("format") != _FORMAT:
+        if not isinstance(d, dict):
+            raise TypeError(
+                f"{_NAME}: state_dict must be a dict or a list of every rank's dicts, got "
+                f"{type(d).__name__} at index {k}"
+            )
+        if d.get("format") != _FORMAT:
             raise ValueError(
                 f"{_NAME}: state_dict[{k}] is not a ZeroOptimizer state_dict (format {_FORMAT})"
             )

@@ -231,6 +231,8 @@ def test_zero_optimizer_refuses_bad_arguments(single_group):
     sd = opt.state_dict()
     with pytest.raises(ValueError, match="not a ZeroOptimizer state_dict"):
         opt.load_state_dict(torch.optim.SGD(Net().parameters(), lr=0.1).state_dict())
+    with pytest.raises(TypeError, match="state_dict must be a dict or a list"):
+        opt.load_state_dict("checkpoint.pt")
     half = dict(sd, world_size=2)  # one of two ranks' shards
     with pytest.raises(ValueError, match="needs every rank's state dict, got 1"):
         opt.load_state_dict(half)
