@@ -262,3 +262,19 @@ def test_zero1_param_frozen_after_wrapping_keeps_its_value(single_group):
     ref = reference("plain", 1, k, steps, 4, torch.float64, "adamw", freeze_at=1)
     for n, p in net.named_parameters():
         torch.testing.assert_close(p.detach(), ref[n], **F64, msg=n)
+
+
+def test_lr_schedulers_drive_the_shard_optimizers(single_group):
+    """ZeroOptimizer is a torch.optim.Optimizer whose param_groups are the shard optimizers'
+    groups: a torch LR scheduler changes the lr every shard steps with."""
+    model = AccumulatingDDP(
+        Net(), zero=1, process_group=single_group, bucket_cap_mb=0.004, first_bucket_cap_mb=0.001
+    )
+    opt = model.zero_optimizer(torch.optim.SGD, lr=0.1)
+    assert len(opt.param_groups) == model.stats()["buckets"] >= 2
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    x, y = window_data(0, 1, 1, 4, torch.float64)
+    nn.functional.mse_loss(model(x[0, 0], use_side=True), y[0, 0]).backward()
+    opt.step()
+    sched.step()
+    assert [inner.param_groups[0]["lr"] for inner in opt._inner] == [0.05] * len(opt._inner)
