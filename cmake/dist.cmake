@@ -19,12 +19,12 @@ set(TORCHSPEED_DIST_SOURCES
   "${_ts_root}/csrc/ops/meta/dist_meta.cpp"
 )
 set(TORCHSPEED_DIST_CUDA_SOURCES
-  "${_ts_root}/csrc/kernels/cuda/bucket.cu"
+  "${_ts_root}/csrc/kernels/cuda/dist_bucket.cu"
   "${_ts_root}/csrc/ops/cuda/dist_cuda.cpp"
 )
 set(TORCHSPEED_DIST_INCLUDE_DIRS "")
 set(TORCHSPEED_DIST_PYTHON_SOURCES "${_ts_root}/csrc/python/dist_bindings.cpp")
-file(GLOB TORCHSPEED_DIST_TEST_SOURCES CONFIGURE_DEPENDS "${_ts_root}/tests/cpp/dist/*.cpp")
+set(TORCHSPEED_DIST_TEST_SOURCES "${_ts_root}/tests/cpp/dist/test_dist.cpp")
 set(TORCHSPEED_DIST_LIBS "")
 set(TORCHSPEED_DIST_DEFINITIONS "")
 set(TORCHSPEED_DIST_FEATURES dist gloo)

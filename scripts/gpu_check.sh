@@ -110,7 +110,7 @@ fi
 
 # torchspeed.dist on the GPU: the CUDA bucket kernel against the CPU one, and AccumulatingDDP over a
 # one-rank NCCL group (the multi-process Gloo tests run in CI).
-step test_dist_cuda 90 "$PYTHON" -m pytest -q -rs -k "cuda or nccl" tests/python/test_dist.py
+step test_dist_cuda 90 "$PYTHON" -m pytest -q -rs tests/python/dist/test_ddp_cuda.py tests/python/dist/test_scale_cast_cuda.py
 
 # int8 quantize/dequantize on the GPU (the `device` fixture's cuda variants) and their bench.
 step test_quant_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/quant/test_affine.py

@@ -58,7 +58,7 @@ using ResampleHorizontalFn = void (*)(const uint8_t* row, int src_w, const int* 
 using ResampleVerticalFn = void (*)(const uint8_t* rows, size_t stride, int first, int count,
                                     const int* k, size_t n, uint8_t* out);
 
-// ---- Dist: the reducer's bucket pass (bucket.h) -------------------------------------------------
+// ---- Dist: the reducer's bucket pass (dist_bucket.h) --------------------------------------------
 
 /// out = in * scale over `n` contiguous elements, converting fp32/bf16/fp16 into fp32/bf16/fp16 (or
 /// fp64 into fp64); `in` may equal `out`. False for a dtype pair it does not implement.
