@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import cuda_skip_reason
 from dist_helpers import DIST_MISSING, F32, Net, window_data
+from support import cuda_skip_reason
 from torch import nn
 
 pytestmark = pytest.mark.skipif(DIST_MISSING is not None, reason=str(DIST_MISSING))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import cuda_skip_reason
 from dist_helpers import DIST_MISSING, PAIRS
+from support import cuda_skip_reason
 
 import torchspeed
 
