@@ -86,6 +86,7 @@ def test_train_plain_torch_under_the_doctor(tmp_path):
             "doctor",
             "--steps",
             "4",
+            "--stop-script",  # the report is what this test checks: the rest of the epoch is not
             "--out",
             str(tmp_path / "doc"),
             "--",
