@@ -1,6 +1,9 @@
 """Lightning integration: TorchspeedCallback runs torchspeed's step profiler during ``fit`` and
 prints the doctor's report at its end. torchspeed's optimizers (returned by
-``configure_optimizers``) and its DataLoader (returned by ``train_dataloader``) need no glue.
+``configure_optimizers``) and its DataLoader (returned by ``train_dataloader``) need no glue,
+except ``Trainer(gradient_clip_val=...)`` under a mixed precision: Lightning refuses to clip for
+an optimizer that unscales inside its step, and the callback lifts that refusal (see
+TorchspeedCallback).
 
     trainer = lightning.Trainer(max_epochs=3, callbacks=[TorchspeedCallback()])
     trainer.fit(model)
@@ -13,15 +16,22 @@ from typing import Any, Optional
 
 try:  # the unified package, or the standalone one
     from lightning.pytorch import Callback
+    from lightning.pytorch.plugins.precision import Precision
+    from lightning.pytorch.utilities import GradClipAlgorithmType
 except ImportError:  # pragma: no cover (depends on what is installed)
     try:
         from pytorch_lightning import Callback
+        from pytorch_lightning.plugins.precision import Precision
+        from pytorch_lightning.utilities import GradClipAlgorithmType
     except ImportError as e:
         raise ImportError(
             "torchspeed.integrations.lightning needs Lightning: pip install lightning"
         ) from e
 
 import torchspeed.profile as tsp
+from torchspeed.optim import FusedOptimizer
+
+_NORM = GradClipAlgorithmType.NORM
 
 
 class TorchspeedCallback(Callback):
@@ -33,6 +43,14 @@ class TorchspeedCallback(Callback):
             global hooks, as ``torchspeed doctor`` does.
         print_report: print the breakdown and the ranked advice when fit ends (rank 0 only).
         trace_path: also write a Chrome trace there.
+
+    Gradient clipping: under ``precision="16-mixed"``/``"bf16-mixed"`` Lightning refuses
+    ``gradient_clip_val`` for an optimizer that unscales inside its step (torchspeed's do, under
+    a GradScaler). With the callback, ``gradient_clip_val`` and ``gradient_clip_algorithm``
+    ("norm" or "value") work unchanged with torchspeed's optimizers and clip exactly as Lightning
+    does for torch.optim's: with a GradScaler the grads are unscaled first (``scaler.unscale_``,
+    the fused step then skips the unscale and still skips a step with inf/NaN grads), then
+    clipped over all the optimizer's params by torch.nn.utils.clip_grad_norm_/clip_grad_value_.
     """
 
     def __init__(
@@ -44,6 +62,10 @@ class TorchspeedCallback(Callback):
         self.report: str = ""
         self.summary = None
         self._stepped = False
+        self._clipping_plugin = None  # the precision plugin whose clip_gradients we replaced
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._allow_clipping(trainer)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._stop()  # a profiler left by a fit that ended without any teardown hook
@@ -81,9 +103,43 @@ class TorchspeedCallback(Callback):
     # the profiler and torch's process-wide hooks must go with it, or the next fit cannot start.
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._stop()
+        self._restore_clipping()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._stop()
+        self._restore_clipping()
+
+    def _allow_clipping(self, trainer: Any) -> None:
+        """Replaces, on this trainer's precision plugin only, a clip_gradients that refuses
+        torchspeed's optimizers (Lightning's MixedPrecision) by one that clips as Lightning
+        does for torch.optim; every other optimizer goes to the plugin's own method."""
+        plugin = getattr(trainer, "precision_plugin", None)
+        if (
+            plugin is None
+            or "clip_gradients" in vars(plugin)  # already replaced (by us or someone else)
+            or type(plugin).clip_gradients is Precision.clip_gradients  # nothing refused
+        ):
+            return
+        own = plugin.clip_gradients
+
+        def clip_gradients(optimizer, clip_val=0.0, gradient_clip_algorithm=_NORM):
+            raw = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's optimizer
+            if not (isinstance(raw, FusedOptimizer) and clip_val > 0):
+                return own(optimizer, clip_val, gradient_clip_algorithm)
+            scaler = getattr(plugin, "scaler", None)
+            if scaler is not None:
+                # What Lightning's optimizer_step does for torch.optim before clipping; the
+                # scaler's step then passes found_inf and no grad_scale to the fused step.
+                scaler.unscale_(raw)
+            return Precision.clip_gradients(plugin, raw, clip_val, gradient_clip_algorithm)
+
+        plugin.clip_gradients = clip_gradients
+        self._clipping_plugin = plugin
+
+    def _restore_clipping(self) -> None:
+        plugin, self._clipping_plugin = self._clipping_plugin, None
+        if plugin is not None:
+            vars(plugin).pop("clip_gradients", None)
 
     def _stop(self) -> Optional[tsp.StepProfiler]:
         """Stops the running profiler (if any) and returns it; safe to call from any hook."""

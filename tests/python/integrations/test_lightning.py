@@ -108,3 +108,41 @@ def test_steps_are_optimizer_steps_under_accumulate_grad_batches():
     assert cb.profiler is None
     assert cb.summary is not None
     assert cb.summary.steps == 4 - 1  # the warmup step is left out of the summary
+
+
+class _ClipModule(_Module):
+    def __init__(self, optimizer_class):
+        super().__init__()
+        self.optimizer_class = optimizer_class
+
+    def configure_optimizers(self):
+        return self.optimizer_class(self.parameters(), lr=1e-2)
+
+
+# "16-mixed+scaler": fp16 autocast and a GradScaler, as on CUDA (a CPU Trainer turns "16-mixed"
+# into "bf16-mixed", so the plugin is passed explicitly).
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed+scaler", "32"])
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_gradient_clip_val_with_torchspeed_adamw_equals_torch_adamw(precision, algorithm):
+    # Issue 25 item 5: under a mixed precision Lightning refused torchspeed's optimizers
+    # ("does not allow for gradient clipping because it performs unscaling of gradients
+    # internally"). The user's Trainer arguments stay as they are; the callback handles it.
+    from torchspeed.integrations.lightning import TorchspeedCallback
+
+    # Small enough that every step clips (the grads' norm is ~1-10, their largest entries ~1).
+    clip = 0.05 if algorithm == "norm" else 0.02
+    params = {}
+    for name, cls in (("torch", torch.optim.AdamW), ("torchspeed", torchspeed.optim.AdamW)):
+        torch.manual_seed(0)
+        module = _ClipModule(cls)
+        cb = TorchspeedCallback(hooks=False, print_report=False)
+        kw = dict(gradient_clip_val=clip, gradient_clip_algorithm=algorithm, precision=precision)
+        if precision == "16-mixed+scaler":
+            from lightning.pytorch.plugins.precision import MixedPrecision
+
+            scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+            kw.update(precision=None, plugins=[MixedPrecision("16-mixed", "cpu", scaler)])
+        _trainer(cb, max_steps=8, **kw).fit(module)
+        params[name] = [p.detach().clone() for p in module.parameters()]
+    # The same clipped grads; torchspeed's fused AdamW rounds its fp32 update differently.
+    torch.testing.assert_close(params["torchspeed"], params["torch"], rtol=1e-5, atol=1e-6)
