@@ -12,6 +12,7 @@ TorchspeedCallback).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Optional
 
 try:  # the unified package, or the standalone one
@@ -29,6 +30,7 @@ except ImportError:  # pragma: no cover (depends on what is installed)
         ) from e
 
 import torchspeed.profile as tsp
+from torchspeed.data import DataLoader
 from torchspeed.optim import FusedOptimizer
 
 _NORM = GradClipAlgorithmType.NORM
@@ -63,6 +65,7 @@ class TorchspeedCallback(Callback):
         self.summary = None
         self._stepped = False
         self._clipping_plugin = None  # the precision plugin whose clip_gradients we replaced
+        self._loader_states: list = []  # the loaders' states from the checkpoint fit resumes
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._allow_clipping(trainer)
@@ -72,6 +75,27 @@ class TorchspeedCallback(Callback):
         self._stepped = False
         self.profiler = tsp.StepProfiler(hooks=self.hooks)
         self.profiler.start()
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+        self._loader_states = list(fit_loop.get("state_dict", {}).get("combined_loader", []))
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # A checkpoint saved at the end of an epoch: Lightning does not restore the loaders
+        # ("the last epoch completely finished, we are not actually restarting") and starts the
+        # next epoch with a fresh loader, which would replay epoch 0's order. The saved state is
+        # restored here, as the start of the next epoch. A loader Lightning restored (a mid-epoch
+        # resume, or any resume under max_steps) already holds its saved state and is left alone.
+        states, self._loader_states = self._loader_states, []
+        loaders = _torchspeed_loaders(getattr(trainer, "train_dataloader", None))
+        if not states or len(states) != len(loaders):
+            return  # not a resume, or other stateful loaders too: Lightning's own handling
+        for loader, state in zip(loaders, states):
+            if loader.state_dict() == state:
+                continue
+            if state.get("batches_consumed") == len(loader):  # the whole epoch was consumed
+                state = {**state, "epoch": state["epoch"] + 1, "batches_consumed": 0}
+            loader.load_state_dict(state)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._stepped = True
@@ -147,6 +171,16 @@ class TorchspeedCallback(Callback):
         if prof is not None:
             prof.stop()
         return prof
+
+
+def _torchspeed_loaders(loaders: Any) -> list:
+    """torchspeed's native DataLoaders in what train_dataloader holds (a loader, or a list,
+    tuple or dict of them)."""
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        return [d for item in loaders for d in _torchspeed_loaders(item)]
+    return [loaders] if isinstance(loaders, DataLoader) and loaders.native else []
 
 
 __all__ = ["TorchspeedCallback"]
