@@ -312,3 +312,12 @@ def test_warmup_lr_with_start_factor_0_matches_huggingface_schedules(decay, hf, 
     if warmup:  # the default start factor is not HF's
         opt = _opt()
         assert _lrs(opt, WarmupLR(opt, warmup, total, decay=decay), 0)[0] == pytest.approx(0.1 / 3)
+
+
+def test_warmup_lr_constant_matches_huggingface_constant_schedule_with_warmup():
+    warmup, total = 5, 20
+    opt = _opt()
+    ours = _lrs(opt, WarmupLR(opt, warmup, warmup, decay="constant", start_factor=0.0), total)
+    ref_opt = _opt()
+    hf = L.LambdaLR(ref_opt, lambda step: step / max(1, warmup) if step < warmup else 1.0)
+    torch.testing.assert_close(ours, _lrs(ref_opt, hf, total), rtol=1e-12, atol=1e-15)
