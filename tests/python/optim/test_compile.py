@@ -20,7 +20,7 @@ class _CountingBackend:
         return gm.forward
 
 
-def _run(name, compiled, steps=8):
+def _run(name, compiled, steps=8, scheduler="LambdaLR"):
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s)) for s in ((33,), (4, 5))]
     opt = getattr(torchspeed.optim, name)(params, lr=1e-2)
@@ -31,7 +31,10 @@ def _run(name, compiled, steps=8):
         torch._dynamo.reset()
         step = torch.compile(opt.step, fullgraph=True, backend=backend)
     # A new float lr at every step (warmup), as LambdaLR / WarmupLR write it.
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / steps)
+    if scheduler == "LambdaLR":
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / steps)
+    else:
+        sched = torchspeed.optim.lr_scheduler.WarmupLR(opt, warmup_steps=3, total_steps=steps)
     g = torch.Generator().manual_seed(1)
     lrs = []
     with warnings.catch_warnings():
@@ -46,11 +49,13 @@ def _run(name, compiled, steps=8):
     return [p.detach().clone() for p in params], backend.compiles
 
 
-@pytest.mark.parametrize("name", ["AdamW", "SGD"])
-def test_compiled_step_does_not_recompile_per_scheduled_lr(name):
+@pytest.mark.parametrize(
+    "name,scheduler", [("AdamW", "LambdaLR"), ("SGD", "LambdaLR"), ("AdamW", "WarmupLR")]
+)
+def test_compiled_step_does_not_recompile_per_scheduled_lr(name, scheduler):
     # Issue 25 item 5: the float lr was a constant of the graph, guarded on: 7 recompiles in 8
     # steps. Now at most one after the first compile (8 steps).
-    eager, _ = _run(name, compiled=False)
-    compiled, compiles = _run(name, compiled=True)
+    eager, _ = _run(name, compiled=False, scheduler=scheduler)
+    compiled, compiles = _run(name, compiled=True, scheduler=scheduler)
     assert compiles <= 2, f"{compiles - 1} recompiles in 8 steps"
     torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-7)
