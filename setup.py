@@ -3,9 +3,9 @@
 CMakeLists.txt is the only build description. This file finds the torch you have installed, builds
 against it (so use ``pip install --no-build-isolation .``), and pins that torch version at run time.
 
-Environment knobs: TORCHSPEED_WITH_CUDA=AUTO|ON|OFF, TORCHSPEED_WITH_DATA=ON|OFF (the data loader,
-needs libpng), TORCHSPEED_WITH_JPEG=ON|OFF (its JPEG decode, needs libjpeg-turbo),
-TORCHSPEED_WITH_DIST=ON|OFF (torchspeed.dist, needs torch built with c10d),
+Environment knobs: TORCHSPEED_WITH_CUDA=AUTO|ON|OFF; TORCHSPEED_WITH_<SWITCH>=ON|OFF for every
+switch of cmake/areas.txt (DATA: the data loader, needs libpng; JPEG: its JPEG decode, needs
+libjpeg-turbo; DIST: torchspeed.dist, needs torch built with c10d; QUANT; PRUNE);
 TORCHSPEED_BUILD_DIR (default build/py), CMAKE_ARGS (extra -D options), MAX_JOBS (parallel compile
 jobs), CMAKE_BUILD_TYPE (default Release).
 """
@@ -32,6 +32,16 @@ def _version() -> str:
     if m is None:
         sys.exit("setup.py: no 'project(torchspeed VERSION x.y.z)' in CMakeLists.txt")
     return m.group(1)
+
+
+def _switches() -> list:
+    """The build switches (DATA, JPEG, DIST, ...), from the one list of areas: cmake/areas.txt."""
+    switches = []
+    for line in (ROOT / "cmake" / "areas.txt").read_text(encoding="utf-8").splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and not line.startswith("#") and fields[1] != "-":
+            switches.append(fields[1])
+    return switches
 
 
 def _torch():
@@ -72,7 +82,7 @@ class CMakeBuild(build_ext):
             f"-DTORCHSPEED_WITH_CUDA={os.environ.get('TORCHSPEED_WITH_CUDA', 'AUTO')}",
         ]
         # Only when set: otherwise a build folder keeps what an earlier CMAKE_ARGS chose.
-        for knob in ("TORCHSPEED_WITH_DATA", "TORCHSPEED_WITH_JPEG", "TORCHSPEED_WITH_DIST"):
+        for knob in (f"TORCHSPEED_WITH_{switch}" for switch in _switches()):
             if os.environ.get(knob):
                 args.append(f"-D{knob}={os.environ[knob]}")
         if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():

@@ -117,6 +117,54 @@ function(torchspeed_target_defaults target)
   endif()
 endfunction()
 
+# Reads cmake/areas.txt, the one list of areas and build switches (format in that file), and
+# declares option(TORCHSPEED_WITH_<SWITCH>) for each switch. Sets TORCHSPEED_AREA_NAMES (every area,
+# in include order), TORCHSPEED_SWITCHES (every switch), TORCHSPEED_SWITCH_<SWITCH>_AREA (its
+# area) and TORCHSPEED_AREA_<area>_SWITCH (an optional area's own switch, its first one).
+macro(torchspeed_declare_areas file)
+  set(TORCHSPEED_AREA_NAMES "")
+  set(TORCHSPEED_SWITCHES "")
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${file}")
+  file(STRINGS "${file}" _ts_area_lines REGEX "^[a-z]")
+  foreach(_ts_line IN LISTS _ts_area_lines)
+    if(NOT _ts_line MATCHES "^([a-z_]+)[ ]+([A-Z0-9_]+|-)[ ]+(.+)$")
+      message(FATAL_ERROR "torchspeed: ${file}: bad line '${_ts_line}' (want: <area> <SWITCH or -> <description>)")
+    endif()
+    set(_ts_a "${CMAKE_MATCH_1}")
+    set(_ts_s "${CMAKE_MATCH_2}")
+    set(_ts_d "${CMAKE_MATCH_3}")
+    if(NOT _ts_a IN_LIST TORCHSPEED_AREA_NAMES)
+      list(APPEND TORCHSPEED_AREA_NAMES ${_ts_a})
+    endif()
+    if(NOT _ts_s STREQUAL "-")
+      option(TORCHSPEED_WITH_${_ts_s} "${_ts_d}" ON)
+      list(APPEND TORCHSPEED_SWITCHES ${_ts_s})
+      set(TORCHSPEED_SWITCH_${_ts_s}_AREA ${_ts_a})
+      if(NOT DEFINED TORCHSPEED_AREA_${_ts_a}_SWITCH)
+        set(TORCHSPEED_AREA_${_ts_a}_SWITCH ${_ts_s})
+      endif()
+    endif()
+  endforeach()
+  unset(_ts_area_lines)
+  unset(_ts_line)
+  unset(_ts_a)
+  unset(_ts_s)
+  unset(_ts_d)
+endmacro()
+
+# Sets TORCHSPEED_<SWITCH>_BUILT to ON or OFF for every switch, as it took effect: the option is
+# on and its area was built (so JPEG is OFF whenever DATA is).
+macro(torchspeed_resolve_switches)
+  foreach(_ts_s IN LISTS TORCHSPEED_SWITCHES)
+    if(TORCHSPEED_WITH_${_ts_s} AND TORCHSPEED_SWITCH_${_ts_s}_AREA IN_LIST TORCHSPEED_AREAS)
+      set(TORCHSPEED_${_ts_s}_BUILT ON)
+    else()
+      set(TORCHSPEED_${_ts_s}_BUILT OFF)
+    endif()
+  endforeach()
+  unset(_ts_s)
+endmacro()
+
 # Registers an area. cmake/<area>.cmake sets TORCHSPEED_<AREA>_SOURCES (libtorchspeed),
 # _CUDA_SOURCES, _PYTHON_SOURCES (torchspeed._C), _TEST_SOURCES (the test_<area> executable),
 # _INCLUDE_DIRS, _LIBS, _DEFINITIONS and _FEATURES (build_info.json, torchspeedConfig.cmake), then
@@ -126,6 +174,16 @@ function(torchspeed_area name)
   foreach(_kind SOURCES CUDA_SOURCES PYTHON_SOURCES INCLUDE_DIRS LIBS DEFINITIONS FEATURES)
     set(TORCHSPEED_AREA_${_kind} ${TORCHSPEED_AREA_${_kind}} ${TORCHSPEED_${_n}_${_kind}} PARENT_SCOPE)
   endforeach()
+  # The area's definitions and include folders go on its own sources only: every other file
+  # compiles with the same flags whichever areas are built, so ccache reuses its objects across
+  # the area-OFF builds (scripts/check_areas_off.sh).
+  set(_own ${TORCHSPEED_${_n}_SOURCES} ${TORCHSPEED_${_n}_CUDA_SOURCES} ${TORCHSPEED_${_n}_PYTHON_SOURCES})
+  if(_own AND TORCHSPEED_${_n}_DEFINITIONS)
+    set_property(SOURCE ${_own} APPEND PROPERTY COMPILE_DEFINITIONS ${TORCHSPEED_${_n}_DEFINITIONS})
+  endif()
+  if(_own AND TORCHSPEED_${_n}_INCLUDE_DIRS)
+    set_property(SOURCE ${_own} APPEND PROPERTY INCLUDE_DIRECTORIES ${TORCHSPEED_${_n}_INCLUDE_DIRS})
+  endif()
   set(TORCHSPEED_AREAS ${TORCHSPEED_AREAS} ${name} PARENT_SCOPE)
 endfunction()
 
@@ -166,15 +224,14 @@ function(torchspeed_write_build_info path)
   else()
     set(_cuda false)
   endif()
-  # The options as they took effect (JPEG is off whenever the data area is).
-  set(_data OFF)
-  set(_jpeg OFF)
-  if(TORCHSPEED_WITH_DATA)
-    set(_data ON)
-    if(TORCHSPEED_WITH_JPEG)
-      set(_jpeg ON)
+  # The switches as they took effect (torchspeed_resolve_switches), every one of cmake/areas.txt.
+  set(_options "")
+  foreach(_s IN LISTS TORCHSPEED_SWITCHES)
+    if(_options)
+      string(APPEND _options ", ")
     endif()
-  endif()
+    string(APPEND _options "\"TORCHSPEED_WITH_${_s}\": \"${TORCHSPEED_${_s}_BUILT}\"")
+  endforeach()
   file(WRITE "${path}" "{
   \"version\": \"${PROJECT_VERSION}\",
   \"torch_version\": \"${TORCHSPEED_TORCH_VERSION}\",
@@ -183,7 +240,7 @@ function(torchspeed_write_build_info path)
   \"cuda_architectures\": ${_cuda_archs},
   \"cpu_isas\": [\"${_isas}\"],
   \"features\": ${_features},
-  \"options\": {\"TORCHSPEED_WITH_DATA\": \"${_data}\", \"TORCHSPEED_WITH_JPEG\": \"${_jpeg}\"},
+  \"options\": {${_options}},
   \"cxx_compiler\": \"${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}\",
   \"build_type\": \"${CMAKE_BUILD_TYPE}\",
   \"sanitize\": \"${TORCHSPEED_SANITIZE}\"

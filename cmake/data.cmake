@@ -1,11 +1,7 @@
 # The data area (torchspeed.data, include/torchspeed/data/): the loader, WebDataset shards, .npy,
-# JPEG/PNG decode. Included by CMakeLists.txt like every cmake/<area>.cmake: declares its options,
-# sets TORCHSPEED_DATA_* and registers with torchspeed_area(). It creates no targets.
-option(TORCHSPEED_WITH_DATA "Build the data loader area (cmake/data.cmake; needs libpng)" ON)
-option(TORCHSPEED_WITH_JPEG "JPEG decode in the data loader (needs libjpeg-turbo; configure fails without it)" ON)
-if(NOT TORCHSPEED_WITH_DATA)
-  return()
-endif()
+# JPEG/PNG decode. Included by CMakeLists.txt when TORCHSPEED_WITH_DATA is on (its switches, DATA
+# and JPEG, are in cmake/areas.txt): sets TORCHSPEED_DATA_* and registers with torchspeed_area().
+# It creates no targets.
 set(_ts_data_root "${CMAKE_CURRENT_LIST_DIR}/..")
 
 # Torch-free core: tar/index, .npy, decode + transforms, sampling (tested without libtorch).

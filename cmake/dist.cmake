@@ -1,12 +1,8 @@
 # The dist area (torchspeed.dist, include/torchspeed/dist/): AccumulatingDDP, the gradient reducer
 # over torch's own c10d process groups (Gloo on CPUs, NCCL in CUDA builds of torch), and its bucket
 # op scale_cast_ (CPU SIMD kernel in the ISA table, CUDA kernel). Needs nothing beyond LibTorch.
-# Included by CMakeLists.txt like every cmake/<area>.cmake: sets TORCHSPEED_DIST_* and registers
-# with torchspeed_area().
-option(TORCHSPEED_WITH_DIST "Build the data-parallel area (cmake/dist.cmake; torch's c10d)" ON)
-if(NOT TORCHSPEED_WITH_DIST)
-  return()
-endif()
+# Included by CMakeLists.txt when TORCHSPEED_WITH_DIST is on (cmake/areas.txt): sets
+# TORCHSPEED_DIST_* and registers with torchspeed_area().
 set(_ts_root "${CMAKE_CURRENT_LIST_DIR}/..")
 find_path(TORCHSPEED_C10D_INCLUDE_DIR torch/csrc/distributed/c10d/ProcessGroup.hpp
   HINTS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
@@ -23,12 +19,12 @@ set(TORCHSPEED_DIST_SOURCES
   "${_ts_root}/csrc/ops/meta/dist_meta.cpp"
 )
 set(TORCHSPEED_DIST_CUDA_SOURCES
-  "${_ts_root}/csrc/kernels/cuda/bucket.cu"
+  "${_ts_root}/csrc/kernels/cuda/dist_bucket.cu"
   "${_ts_root}/csrc/ops/cuda/dist_cuda.cpp"
 )
 set(TORCHSPEED_DIST_INCLUDE_DIRS "")
 set(TORCHSPEED_DIST_PYTHON_SOURCES "${_ts_root}/csrc/python/dist_bindings.cpp")
-file(GLOB TORCHSPEED_DIST_TEST_SOURCES CONFIGURE_DEPENDS "${_ts_root}/tests/cpp/dist/*.cpp")
+set(TORCHSPEED_DIST_TEST_SOURCES "${_ts_root}/tests/cpp/dist/test_dist.cpp")
 set(TORCHSPEED_DIST_LIBS "")
 set(TORCHSPEED_DIST_DEFINITIONS "")
 set(TORCHSPEED_DIST_FEATURES dist gloo)

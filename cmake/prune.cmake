@@ -1,12 +1,9 @@
-# The prune area (torchspeed.prune, include/torchspeed/ops/prune.h): bit-packed pruning masks
+# The prune area (torchspeed.prune, include/torchspeed/prune.h): bit-packed pruning masks
 # (pack/unpack, in-place apply, N:M and exact-count magnitude selection) through the op recipe,
-# CPU kernels in the ISA table (kernels/cpu/prune.h) and CUDA kernels (prune.cu). The fused
-# optimizers read the same packed masks (optim area). Included by CMakeLists.txt like every
-# cmake/<area>.cmake.
-option(TORCHSPEED_WITH_PRUNE "Build the pruning area (cmake/prune.cmake)" ON)
-if(NOT TORCHSPEED_WITH_PRUNE)
-  return()
-endif()
+# CPU kernels in the ISA table (kernels/cpu/prune.h) and CUDA kernels (prune.cu). Every file of
+# the area carries its name and is listed here, explicitly. The fused optimizers read the same
+# packed masks (optim area). Included by CMakeLists.txt when
+# TORCHSPEED_WITH_PRUNE is on (cmake/areas.txt).
 set(_ts_root "${CMAKE_CURRENT_LIST_DIR}/..")
 set(TORCHSPEED_PRUNE_SOURCES
   "${_ts_root}/csrc/ops/prune.cpp"
@@ -18,7 +15,7 @@ set(TORCHSPEED_PRUNE_CUDA_SOURCES
   "${_ts_root}/csrc/ops/cuda/prune_cuda.cpp"
 )
 set(TORCHSPEED_PRUNE_PYTHON_SOURCES "")
-file(GLOB TORCHSPEED_PRUNE_TEST_SOURCES CONFIGURE_DEPENDS "${_ts_root}/tests/cpp/prune/*.cpp")
+set(TORCHSPEED_PRUNE_TEST_SOURCES "${_ts_root}/tests/cpp/prune/test_prune.cpp")
 set(TORCHSPEED_PRUNE_INCLUDE_DIRS "")
 set(TORCHSPEED_PRUNE_LIBS "")
 set(TORCHSPEED_PRUNE_DEFINITIONS "")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and installs torchspeed into the current Python (pip, against the installed torch), with
-# the C++ tests, in build/release (reused between runs, so a rebuild is incremental).
+# the C++ tests, in build/release (reused between runs, so a rebuild is incremental; ccache
+# when installed).
 # TORCHSPEED_EDITABLE=1 makes it an editable (development) install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,12 @@ PY=${PYTHON:-python3}
 export TORCHSPEED_BUILD_DIR=${TORCHSPEED_BUILD_DIR:-$PWD/build/release}
 export CMAKE_ARGS="-DTORCHSPEED_BUILD_TESTS=ON ${CMAKE_ARGS:-}"
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+# ccache when installed: a rebuild, and the area-OFF builds of scripts/check_areas_off.sh, reuse
+# every unchanged object (CCACHE_BASEDIR makes command lines independent of the build folder).
+if command -v ccache >/dev/null 2>&1; then
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+  CMAKE_ARGS="-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache $CMAKE_ARGS"
+fi
 mkdir -p build
 log=build/pip-install.log
 if ! "$PY" -m pip install --no-build-isolation --no-deps ${TORCHSPEED_EDITABLE:+-e} . >"$log" 2>&1; then

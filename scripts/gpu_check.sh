@@ -110,25 +110,25 @@ fi
 
 # torchspeed.dist on the GPU: the CUDA bucket kernel against the CPU one, and AccumulatingDDP over a
 # one-rank NCCL group (the multi-process Gloo tests run in CI).
-step test_dist_cuda 90 "$PYTHON" -m pytest -q -rs -k "cuda or nccl" tests/python/test_dist.py
+step test_dist_cuda 90 "$PYTHON" -m pytest -q -rs tests/python/dist/test_ddp_cuda.py tests/python/dist/test_scale_cast_cuda.py
 
 # int8 quantize/dequantize on the GPU (the `device` fixture's cuda variants) and their bench.
-step test_quant_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_quant.py
+step test_quant_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/quant/test_affine.py
 step bench_quant 60 "$PYTHON" -m torchspeed.cli bench quant --quick --device cuda
 # The int8 Linear on CUDA (quantize_rows_int8 + int8_linear, bit-identical to the CPU kernels).
-step test_int8_linear_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_int8_linear.py
+step test_int8_linear_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/quant/test_linear.py
 
 # fake-quant on the GPU (the `device` fixture's cuda variants: bit for bit against torch), then the
-# int8 Linear's CUDA kernels (kernels/cuda/int8_linear.cu: row quantize + mma.sync int8 GEMM +
+# int8 Linear's CUDA kernels (kernels/cuda/quant_int8_linear.cu: row quantize + mma.sync int8 GEMM +
 # fused epilogue) bit for bit against an int64 reference through torch.ops.torchspeed.int8_linear,
 # and the int8 GEMM vs bf16 torch.matmul at 4096^3 (the full 8192^3 run: drop --quick).
-step test_fake_quant_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_fake_quant.py
-step test_int8_linear_cuda_kernels 90 "$PYTHON" -m pytest -q -rs tests/python/test_int8_linear_cuda_kernels.py
+step test_fake_quant_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/quant/test_fake_quant.py
+step test_int8_linear_cuda_kernels 90 "$PYTHON" -m pytest -q -rs tests/python/quant/test_linear_cuda.py
 step bench_int8_gemm_cuda 60 "$PYTHON" -m torchspeed.cli bench int8_gemm_cuda --quick
 
 # Pruning on the GPU: the packed-mask ops (the `device` fixture's cuda variants) and the 2:4 export
 # through torch's semi-structured sparse matmul (allclose to the dense masked matmul), and the bench.
-step test_prune_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_prune.py
+step test_prune_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/prune
 step bench_prune 60 "$PYTHON" -m torchspeed.cli bench prune --quick --device cuda
 
 # A CUDA graph that captured opt.step() + sched.step() follows the LR schedule on replay.
@@ -145,7 +145,7 @@ step bench_profile 60 "$PYTHON" -m torchspeed.cli bench profile --quick
 
 # ---- loader on the GPU (only when the data part was built) -----------------------------------------
 if "$PYTHON" -c 'import sys, torchspeed._C as C; sys.exit(0 if hasattr(C, "data") else 1)'; then
-  step test_data_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/test_data_loader.py
+  step test_data_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/data/test_loader.py
   step bench_loader_gpu 90 "$PYTHON" -m torchspeed.cli bench loader_gpu --batches 100 --step-ms 20
 else
   skip test_data_cuda "built without the data part (TORCHSPEED_WITH_DATA=OFF)"

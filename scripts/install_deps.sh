@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks to build and test torchspeed: Debian packages (compilers,
-# CMake, Ninja, Catch2 v2 or v3, libjpeg-turbo, libpng, Gloo's headers (torch's ProcessGroupGloo.hpp
+# CMake, Ninja, ccache, Catch2 v2 or v3, libjpeg-turbo, libpng, Gloo's headers (torch's ProcessGroupGloo.hpp
 # includes them; the wheel lacks them), clang for the fuzzers, valgrind for the
 # profiler's instruction counts) and the pinned Python packages (torch==2.13.0 CPU, the test
 # tools, matplotlib and tensorboard for the profiler's outputs). Idempotent and quick when all is there.
@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in cmake ninja-build catch2 libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libgloo-dev clang libclang-rt-14-dev pkg-config valgrind; do
+for pkg in cmake ninja-build ccache catch2 libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libgloo-dev clang libclang-rt-14-dev pkg-config valgrind; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

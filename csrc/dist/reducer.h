@@ -36,6 +36,9 @@ class Reducer {
   const DDPOptions& options() const { return options_; }
   DDPStats stats() const;
   std::vector<at::Tensor> buckets() const;
+  std::vector<at::Tensor> grad_shards() const;
+  bool last_nonfinite() const;
+  std::string zero_collectives() const;
   std::vector<std::pair<int64_t, int64_t>> param_slots() const;
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
 
@@ -54,8 +57,10 @@ class Reducer {
   };
   /// One flat buffer of same-dtype, same-device gradients, all-reduced as one collective.
   struct Bucket {
-    at::Tensor flat;  // the gradients (params' dtype)
-    at::Tensor wire;  // the compressed copy (bf16/fp16) when compression applies, else undefined
+    at::Tensor flat;   // the gradients (params' dtype)
+    at::Tensor wire;   // the compressed copy (bf16/fp16) when compression applies, else undefined
+    at::Tensor shard;  // zero=1: this rank's reduced shard (params' dtype)
+    at::Tensor wire_shard;  // zero=1 with compression: the shard as received
     std::vector<size_t> slots;
     int64_t pending = 0;  // slots not yet ready in this synchronising micro-step
     c10::intrusive_ptr<c10d::Work> work;
@@ -74,6 +79,10 @@ class Reducer {
   void launch(size_t bucket);
   void fill_unready_slot(Slot& s);
   void vote_unused();
+  /// zero=1: one all-reduce of "some shard held inf/NaN"; when any did, an inf in every rank's
+  /// first non-empty shard (so every rank's GradScaler skips the step).
+  void agree_on_nonfinite();
+  at::Tensor clip_shards(double max_norm);
   void reset_window();
   void recover_interrupted_backward();
   /// Makes `s.param.grad` the bucket view, copying a gradient held elsewhere into it first.
@@ -103,6 +112,10 @@ class Reducer {
   bool backward_active_ = false;  // a backward is running (its end callback is queued)
   bool finishing_ = false;        // inside end_backward of the synchronising micro-step
   bool join_active_ = false;
+  bool last_nonfinite_ = false;
+  /// zero=1: the shards come from an all-reduce of the whole bucket instead of a reduce-scatter
+  /// (Gloo, whose reduce_scatter is several times slower than its ring all-reduce).
+  bool zero_by_all_reduce_ = false;
   int backward_task_ = -1;  // the graph task of the running backward
   int64_t completed_ = 0;   // backward passes since the last reduction
   size_t next_launch_ = 0;  // the next bucket to launch, in index order

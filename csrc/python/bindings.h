@@ -9,5 +9,6 @@ void bind_optim(pybind11::module_& m);
 void bind_data(pybind11::module_& m);
 void bind_profile(pybind11::module_& m);
 void bind_dist(pybind11::module_& m);
+void bind_quant(pybind11::module_& m);
 
 }  // namespace torchspeed::python

@@ -41,7 +41,9 @@ void bind_dist(pybind11::module_& m) {
                       TORCHSPEED_DDP_STAT(exposed_ns) TORCHSPEED_DDP_STAT(last_bucket_collectives)
                           TORCHSPEED_DDP_STAT(last_bytes_reduced) TORCHSPEED_DDP_STAT(last_comm_ns)
                               TORCHSPEED_DDP_STAT(last_exposed_ns) TORCHSPEED_DDP_STAT(last_overlap)
-                                  TORCHSPEED_DDP_STAT(last_buckets_overlapped);
+                                  TORCHSPEED_DDP_STAT(last_buckets_overlapped)
+                                      TORCHSPEED_DDP_STAT(grad_shard_bytes)
+                                          TORCHSPEED_DDP_STAT(nonfinite_steps);
 #undef TORCHSPEED_DDP_STAT
 
   // Collectives block: every call that may run one releases the GIL.
@@ -52,7 +54,7 @@ void bind_dist(pybind11::module_& m) {
                        double bucket_cap_mb, double first_bucket_cap_mb,
                        const std::string& compression, bool find_unused_parameters,
                        bool broadcast_buffers, std::vector<std::string> param_names,
-                       std::vector<std::string> buffer_names) {
+                       std::vector<std::string> buffer_names, int64_t zero) {
              py::gil_scoped_release no_gil;  // construction broadcasts from rank 0
              return std::make_unique<AccumulatingDDP>(
                  std::move(params), std::move(buffers), std::move(group),
@@ -62,7 +64,8 @@ void bind_dist(pybind11::module_& m) {
                      .first_bucket_cap_mb(first_bucket_cap_mb)
                      .compression(compression)
                      .find_unused_parameters(find_unused_parameters)
-                     .broadcast_buffers(broadcast_buffers),
+                     .broadcast_buffers(broadcast_buffers)
+                     .zero(zero),
                  std::move(param_names), std::move(buffer_names));
            }),
            py::arg("params"), py::arg("buffers"), py::arg("process_group"),
@@ -70,7 +73,7 @@ void bind_dist(pybind11::module_& m) {
            py::arg("first_bucket_cap_mb") = 1.0, py::arg("compression") = "none",
            py::arg("find_unused_parameters") = false, py::arg("broadcast_buffers") = true,
            py::arg("param_names") = std::vector<std::string>{},
-           py::arg("buffer_names") = std::vector<std::string>{})
+           py::arg("buffer_names") = std::vector<std::string>{}, py::arg("zero") = 0)
       .def("begin_micro_step", &AccumulatingDDP::begin_micro_step, py::arg("allow_sync") = true,
            release())
       .def_property_readonly("sync_now", &AccumulatingDDP::sync_now)
@@ -85,6 +88,9 @@ void bind_dist(pybind11::module_& m) {
       .def_property_readonly("world_size", &AccumulatingDDP::world_size)
       .def("stats", &AccumulatingDDP::stats)
       .def("buckets", &AccumulatingDDP::buckets)
+      .def("grad_shards", &AccumulatingDDP::grad_shards)
+      .def_property_readonly("last_nonfinite", &AccumulatingDDP::last_nonfinite)
+      .def_property_readonly("zero_collectives", &AccumulatingDDP::zero_collectives)
       .def("param_slots", &AccumulatingDDP::param_slots);
 }
 

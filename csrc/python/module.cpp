@@ -4,9 +4,6 @@
 
 #include "python/bindings.h"
 #include "torchspeed/torchspeed.h"
-#if defined(TORCHSPEED_AREA_QUANT)
-#include "torchspeed/ops/quant.h"
-#endif
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchspeed native module";
@@ -16,12 +13,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("cpu_isa_detected", &torchspeed::cpu_isa_detected, "The best ISA this CPU supports.");
   m.def("cpu_isas_compiled", &torchspeed::cpu_isas_compiled,
         "Comma-separated ISAs this build has kernels for.");
-#if defined(TORCHSPEED_AREA_QUANT)
-  m.def("cpu_int8_path", &torchspeed::cpu_int8_path,
-        "The int8 Linear's CPU kernel path now (honours TORCHSPEED_CPU_ISA).");
-  m.def("cpu_amx_status", &torchspeed::cpu_amx_status,
-        "Why the amx int8 path cannot run here ('' when it can).");
-#endif
 #if defined(TORCHSPEED_WITH_CUDA)
   m.attr("with_cuda") = true;
 #else
@@ -34,5 +25,8 @@ PYBIND11_MODULE(_C, m) {
 #endif
 #if defined(TORCHSPEED_AREA_DIST)
   torchspeed::python::bind_dist(m);
+#endif
+#if defined(TORCHSPEED_AREA_QUANT)
+  torchspeed::python::bind_quant(m);
 #endif
 }

@@ -4,7 +4,7 @@
 // Build against an installed torchspeed: find_package(torchspeed) + target_link_libraries(app
 // torchspeed::torchspeed).
 #include <torch/torch.h>
-#include <torchspeed/data/loader.h>
+#include <torchspeed/data.h>
 
 #include <algorithm>
 #include <iostream>

@@ -5,7 +5,7 @@
 // The shards hold <key>.jpg + <key>.cls samples (torchspeed demo's cache, or any written by
 // python -m torchspeed.data.write_shards). Build against an installed torchspeed: see README.md.
 #include <torch/torch.h>
-#include <torchspeed/data/loader.h>
+#include <torchspeed/data.h>
 #include <torchspeed/optim.h>
 #include <torchspeed/profile/profile.h>
 

@@ -6,7 +6,9 @@
 //
 // The larger parts have their own headers (each includes this one):
 //   <torchspeed/optim.h>        torchspeed::optim::Adam, AdamW, SGD, Lion, LAMB
-//   <torchspeed/data/loader.h>  torchspeed::data::Loader (when built with TORCHSPEED_WITH_DATA)
+//   <torchspeed/data.h>         torchspeed::data::Loader (when built with TORCHSPEED_WITH_DATA)
+//   <torchspeed/quant.h>        int8 ops and torchspeed::quant::Int8Linear (TORCHSPEED_WITH_QUANT)
+//   <torchspeed/prune.h>        bit-packed pruning mask ops (TORCHSPEED_WITH_PRUNE)
 // and this one includes <torchspeed/profile/profile.h> (ranges, StepProfiler, Chrome traces).
 #pragma once
 

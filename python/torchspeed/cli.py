@@ -10,6 +10,7 @@ Every benchmark ships in the package (torchspeed.benchmarks), so these work afte
 """
 
 import argparse
+import sys
 
 from . import benchmarks
 from ._cli_args import int_at_least, output_folder
@@ -36,15 +37,22 @@ def main(argv=None) -> int:
         "doctor",
         help="profile a training script: step breakdown and ranked advice",
         description="Runs the command after -- in this process with torch's hooks installed "
-        "(each step of its first optimizer ends a step), then prints where the step time goes "
-        "and what to change, and writes report.txt, summary.json, trace.json (Perfetto) and "
-        "steps.png to --out.",
+        "(each step of its first optimizer ends a step; in a loop without one, each iteration "
+        "of forward and backward), then prints where the step time goes and what to change on "
+        "stderr (the script's stdout stays its own), and writes report.txt, summary.json, "
+        "trace.json (Perfetto) and steps.png to --out.",
     )
     doc.add_argument(
         "--steps",
         type=int_at_least(1),
         default=None,
-        help="stop the script after N steps (default: run to its end)",
+        help="profile N steps, then report while the script runs on unprofiled (default: "
+        "profile to the script's end)",
+    )
+    doc.add_argument(
+        "--stop-script",
+        action="store_true",
+        help="with --steps: end the script after its N steps (as if it returned) instead",
     )
     doc.add_argument(
         "--warmup",
@@ -64,12 +72,22 @@ def main(argv=None) -> int:
         default=None,
         help="timeline clock (default: cuda if available)",
     )
+    doc.add_argument(
+        "--verify",
+        type=int_at_least(2),
+        nargs="?",
+        const=8,
+        default=None,
+        metavar="STEPS",
+        help="check the advice: run the script's first STEPS steps (default 8) as it is, then "
+        "once per applicable fix (bf16 autocast, torchspeed's optimizer, clip_grad_norm_ folded "
+        "into it, more loader workers, the data in memory) and print each measured gain beside "
+        "its estimate, with the loss drift (the script runs several times; its stdout is dropped)",
+    )
     doc.add_argument("--no-trace", action="store_true", help="do not write trace.json")
     doc.add_argument("--no-png", action="store_true", help="do not write steps.png")
     doc.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS")
     if argv is None:
-        import sys
-
         argv = sys.argv[1:]
     if argv and argv[0] == "demo":  # its own parser (python -m torchspeed.demo is the same)
         from .demo import main as demo_main
@@ -88,6 +106,8 @@ def main(argv=None) -> int:
 
             if not torch.cuda.is_available():
                 doc.error("argument --device: cuda, but CUDA is not available")
+        if args.stop_script and args.steps is None:
+            doc.error("--stop-script needs --steps N")
         from .profile._doctor import check_command
         from .profile._doctor import run as run_doctor
 
@@ -95,6 +115,10 @@ def main(argv=None) -> int:
             check_command(command)
         except (ValueError, OSError, ImportError) as e:
             doc.error(str(e).removeprefix("torchspeed doctor: "))
+        if args.verify is not None:
+            from .profile._doctor import run_verify
+
+            return run_verify(command, steps=args.verify, warmup=args.warmup, file=sys.stderr)
         return run_doctor(
             command,
             steps=args.steps,
@@ -103,6 +127,8 @@ def main(argv=None) -> int:
             device=args.device,
             trace=not args.no_trace,
             png=not args.no_png,
+            then="stop" if args.stop_script else "continue",
+            file=sys.stderr,
         )
     args, extra = ap.parse_known_args(argv)
     if args.cmd == "info":
@@ -110,9 +136,7 @@ def main(argv=None) -> int:
 
         return info.main(extra)
     if args.cmd == "bench" and args.name == "all":
-        from .demo import _benchmarks
-
-        return _benchmarks(args.args + extra)
+        return benchmarks.run_all(args.args + extra)
     if args.cmd == "bench":
         return benchmarks.run(args.name, args.args + extra)
     from .demo import main as demo_main

@@ -7,6 +7,13 @@ an area this build left out raises the one "area not built" error when called.
 from .dist._ops import scale_cast_
 from .optim._ops import GradStats, grad_stats
 from .prune._ops import apply_mask_, magnitude_mask, nm_mask, pack_mask, unpack_mask
+from .quant._ops import (
+    dequantize_int8,
+    fake_quantize,
+    int8_linear,
+    int8_pack_weight,
+    quantize_int8,
+)
 
 __all__ = [
     "GradStats",
@@ -17,4 +24,9 @@ __all__ = [
     "apply_mask_",
     "nm_mask",
     "magnitude_mask",
+    "quantize_int8",
+    "dequantize_int8",
+    "fake_quantize",
+    "int8_pack_weight",
+    "int8_linear",
 ]

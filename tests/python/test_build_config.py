@@ -49,6 +49,20 @@ def _flat(proc: subprocess.CompletedProcess) -> str:
     return " ".join((proc.stdout + proc.stderr).split())
 
 
+def _switches() -> list:
+    """The build switches of cmake/areas.txt, the one list of areas (DATA, JPEG, DIST, ...)."""
+    lines = (ROOT / "cmake" / "areas.txt").read_text().splitlines()
+    return [
+        f[1]
+        for f in (line.split() for line in lines if not line.startswith("#"))
+        if f[1:2] != ["-"] and len(f) > 1
+    ]
+
+
+def _all_on(**off: str) -> dict:
+    return {f"TORCHSPEED_WITH_{s}": off.get(f"TORCHSPEED_WITH_{s}", "ON") for s in _switches()}
+
+
 def _features(build_dir: Path) -> dict:
     return json.loads((build_dir / "build_info.json").read_text())
 
@@ -95,7 +109,7 @@ def test_configure_jpeg_off_needs_no_libjpeg_and_reports_it(tmp_path):
     info = _features(tmp_path / "b")
     assert {"data", "png"} <= set(info["features"])
     assert not {"jpeg", "jpeg-region-decode"} & set(info["features"])
-    assert info["options"] == {"TORCHSPEED_WITH_DATA": "ON", "TORCHSPEED_WITH_JPEG": "OFF"}
+    assert info["options"] == _all_on(TORCHSPEED_WITH_JPEG="OFF")
 
 
 @needs_cmake
@@ -109,7 +123,52 @@ def test_configure_data_off_needs_no_image_libraries_and_reports_it(tmp_path):
     assert proc.returncode == 0, _flat(proc)
     info = _features(tmp_path / "b")
     assert not {"data", "png", "jpeg", "jpeg-region-decode"} & set(info["features"])
-    assert info["options"] == {"TORCHSPEED_WITH_DATA": "OFF", "TORCHSPEED_WITH_JPEG": "OFF"}
+    assert info["options"] == _all_on(TORCHSPEED_WITH_DATA="OFF", TORCHSPEED_WITH_JPEG="OFF")
+
+
+@needs_cmake
+@pytest.mark.parametrize("switch", ["DIST", "QUANT", "PRUNE"])
+def test_configure_area_off_reports_it_everywhere(tmp_path, switch):
+    # One list of areas drives every switch: the option, build_info.json, the CMake package.
+    area = switch.lower()
+    proc = _configure(tmp_path / "b", f"-DTORCHSPEED_WITH_{switch}=OFF")
+    assert proc.returncode == 0, _flat(proc)
+    info = _features(tmp_path / "b")
+    assert area not in info["features"]
+    assert info["options"] == _all_on(**{f"TORCHSPEED_WITH_{switch}": "OFF"})
+    config = (tmp_path / "b" / "torchspeedConfig.cmake").read_text()
+    for s in _switches():
+        value = "OFF" if s == switch else "ON"
+        assert f"set(torchspeed_WITH_{s} {value})" in config, s
+    # None of the area's sources is compiled: the other areas' lists name only their own files.
+    ninja = (tmp_path / "b" / "build.ninja").read_text()
+    own = {"dist": "ops/dist.cpp", "quant": "ops/quant.cpp", "prune": "ops/prune.cpp"}[area]
+    assert own not in ninja
+    assert f"{area}_cpu.cpp" not in ninja and f"{area}_meta.cpp" not in ninja
+    if area == "quant":
+        assert "int8_linear_cpu.cpp" not in ninja
+
+
+@needs_cmake
+@pytest.mark.skipif(shutil.which("ninja") is None, reason="reads build.ninja")
+def test_area_definitions_stay_on_the_area_sources(tmp_path):
+    # An area's definitions reach its own sources only, so turning an area off leaves every
+    # other object's command line alone (what ccache needs for cheap area-OFF builds).
+    proc = _configure(tmp_path / "b")
+    assert proc.returncode == 0, _flat(proc)
+    ninja = (tmp_path / "b" / "build.ninja").read_text()
+    defines = {}
+    for block in ninja.split("\nbuild ")[1:]:
+        head, _, body = block.partition("\n")
+        obj = head.split(":")[0]
+        for line in body.splitlines():
+            if line.strip().startswith("DEFINES ="):
+                defines[obj] = line
+    optim = [d for o, d in defines.items() if o.endswith("csrc/ops/optim.cpp.o")]
+    data = [d for o, d in defines.items() if o.endswith("csrc/data/image_decode.cpp.o")]
+    assert optim and data, sorted(defines)[:5]
+    assert "TORCHSPEED_WITH_JPEG" in data[0]
+    assert "TORCHSPEED_WITH_JPEG" not in optim[0] and "TORCHSPEED_AREA_" not in optim[0]
 
 
 def test_info_reports_the_build_options():
@@ -119,6 +178,9 @@ def test_info_reports_the_build_options():
     options = dict(o.split("=", 1) for o in data["build_options"])
     assert options["TORCHSPEED_WITH_DATA"] == ("ON" if "data" in data["features"] else "OFF")
     assert options["TORCHSPEED_WITH_JPEG"] == ("ON" if "jpeg" in data["features"] else "OFF")
+    for switch in ("DIST", "QUANT", "PRUNE"):
+        built = switch.lower() in data["features"]
+        assert options[f"TORCHSPEED_WITH_{switch}"] == ("ON" if built else "OFF")
 
 
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None, reason="no C++ compiler")

@@ -104,6 +104,7 @@ def test_int8_linear_bench_as_an_avx2_host(tmp_path):
 _BAD_ARGS = {
     "doctor --warmup -1": ["doctor", "--warmup", "-1", "--", "python", "{script}"],
     "doctor --steps 0": ["doctor", "--steps", "0", "--", "python", "{script}"],
+    "doctor --verify 1": ["doctor", "--verify", "1", "--", "python", "{script}"],
     "doctor --device cuda without CUDA": ["doctor", "--device", "cuda", "--", "python", "{script}"],
     "doctor -- missing.py": ["doctor", "--", "python", "{tmp}/missing.py"],
     "doctor -- -m missing": ["doctor", "--", "python", "-m", "no_such_module_xyz"],
@@ -152,3 +153,49 @@ def test_an_unwritable_out_folder_is_refused_for_a_user_without_root(tmp_path):
     (tmp_path / "train.py").write_text("")
     r = run_cli(["doctor", "--out", str(ro / "o"), "--", str(tmp_path / "train.py")], str(tmp_path))
     assert r.returncode == 2 and "is not writable" in r.stderr, r.stderr
+
+
+def test_bench_all_runs_every_benchmark_with_quick(monkeypatch):
+    from torchspeed import benchmarks, cli
+
+    calls = []
+    monkeypatch.setattr(benchmarks, "run", lambda name, argv: calls.append((name, argv)) or 0)
+    assert cli.main(["bench", "all"]) == 0
+    assert [name for name, _ in calls] == list(benchmarks.BENCHMARKS)
+    assert all(argv == ["--quick"] for _, argv in calls)
+    calls.clear()
+    assert benchmarks.run_all(["--full", "--device", "cpu"]) == 0
+    assert all(argv == ["--device", "cpu"] for _, argv in calls)
+
+
+def test_bench_all_skips_a_benchmark_that_lacks_an_extra_and_reports_failures(monkeypatch):
+    from torchspeed import benchmarks
+
+    def fake(name, argv):
+        if name == "loader":
+            raise SystemExit("torchspeed bench loader: needs PIL (pip install 'torchspeed[bench]')")
+        return 1 if name == "quant" else 0
+
+    monkeypatch.setattr(benchmarks, "run", fake)
+    assert benchmarks.run_all([]) == 1
+
+
+def test_harness_records_rates_against_their_anchor(tmp_path, monkeypatch, capsys):
+    from torchspeed.benchmarks.harness import Harness
+
+    monkeypatch.setenv("TORCHSPEED_RESULTS_DIR", str(tmp_path))
+    h = Harness("bench_rates", "test", measure_bandwidth=False)
+    h.record("loader", "torch", 100.0, "img/s", anchor=True)
+    h.record("loader", "torchspeed", 250.0, "img/s")
+    h.details["workload"] = {"images": 4}
+    table = h.finish()
+    assert "250 img/s" in table and "2.50x" in table
+    rec = json.loads((tmp_path / "bench_rates_cpu.json").read_text())
+    assert rec["rows"][1]["speedup_vs_best_anchor"] == pytest.approx(2.5)
+    assert rec["details"] == {"workload": {"images": 4}}
+
+
+def test_doctor_stop_script_needs_steps(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    r = run_cli(["doctor", "--stop-script", "--", str(tmp_path / "train.py")], str(tmp_path))
+    assert r.returncode == 2 and "--stop-script needs --steps N" in r.stderr.splitlines()[-1]

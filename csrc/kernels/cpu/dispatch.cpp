@@ -70,7 +70,7 @@ std::string& amx_note() {
 /// Asks Linux for the AMX tile data permission (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 18), once
 /// per process; false (with the reason in amx_note) when refused or unsupported.
 bool request_amx_permission() {
-  // Test hook: behave as a kernel that refuses (tests/python/test_int8_linear.py runs it in a
+  // Test hook: behave as a kernel that refuses (tests/python/quant/test_linear.py runs it in a
   // child process).
   if (const char* deny = std::getenv("TORCHSPEED_TEST_DENY_AMX"); deny && *deny && *deny != '0') {
     amx_note() = "the AMX tile permission was refused (TORCHSPEED_TEST_DENY_AMX)";

@@ -1,6 +1,6 @@
 // The int8 Linear's kernels compiled with AVX-512 + VNNI (vpdpbusd); the rest of the
 // avx512_vnni table is the avx512 unit's (dispatch.cpp). Only called when the CPU reports VNNI.
-#include "kernels/cpu/int8_gemm.h"
+#include "kernels/cpu/quant_int8_gemm.h"
 
 namespace torchspeed::kernels::cpu {
 

@@ -1,8 +1,8 @@
 // The quant area's int8 kernels: affine quantize q = clamp(round_even(x * inv_scale) + zero_point,
-// -128, 127), dequantize x = (q - zero_point) * scale and fake quantize (both, with the clamp
-// mask), over one contiguous segment that shares its (scale, zero_point). fp32 arithmetic for every
-// input dtype (bf16/fp16 are widened first), so the result equals torch's reference formula on
-// x.float() bit for bit.
+// -128, 127) (NaN gives 127), dequantize x = (q - zero_point) * scale and fake quantize (both, with
+// the clamp mask), over one contiguous segment that shares its (scale, zero_point). fp32 arithmetic
+// for every input dtype (bf16/fp16 are widened first), so the result equals torch's reference
+// formula on x.float() bit for bit.
 #pragma once
 
 #include <type_traits>
@@ -16,8 +16,10 @@ template <class V, typename In>
 void quantize_segment(const In* x, int8_t* q, int64_t n, float inv_scale, float zero_point) {
   using S = typename V::Scalar;
   constexpr int64_t W = V::kWidth;
+  // Clamped from above first: min(NaN, hi) is hi (vec.h's min returns b unless a < b), so NaN
+  // gives 127, as torch.quantize_per_tensor does; inf and -inf saturate at 127 and -128.
   auto body = [&](auto vx, auto inv, auto zp, auto lo, auto hi) {
-    return min(max(round_even(vx * inv) + zp, lo), hi);
+    return max(min(round_even(vx * inv) + zp, hi), lo);
   };
   const V inv(inv_scale), zp(zero_point), lo(-128.f), hi(127.f);
   int64_t i = 0;

@@ -58,7 +58,7 @@ using ResampleHorizontalFn = void (*)(const uint8_t* row, int src_w, const int* 
 using ResampleVerticalFn = void (*)(const uint8_t* rows, size_t stride, int first, int count,
                                     const int* k, size_t n, uint8_t* out);
 
-// ---- Dist: the reducer's bucket pass (bucket.h) -------------------------------------------------
+// ---- Dist: the reducer's bucket pass (dist_bucket.h) --------------------------------------------
 
 /// out = in * scale over `n` contiguous elements, converting fp32/bf16/fp16 into fp32/bf16/fp16 (or
 /// fp64 into fp64); `in` may equal `out`. False for a dtype pair it does not implement.
@@ -85,7 +85,8 @@ using FakeQuantizeFn = bool (*)(DType dtype, const void* x, void* y, uint8_t* ma
 using FakeQuantizeBackwardFn = bool (*)(DType dtype, const void* grad, const uint8_t* mask,
                                         void* out, int64_t n);
 
-// ---- Quant: the int8 Linear (int8_gemm.h) -------------------------------------------------------
+// ---- Quant: the int8 Linear (quant_int8_gemm.h)
+// -------------------------------------------------------
 
 /// The int8 GEMM's kernel paths; a CpuKernelTable names the one it runs (its int8_linear.path).
 enum class Int8Path : int32_t { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3, kAvx512 = 4 };

@@ -58,23 +58,21 @@ struct DeviceScalars {
 /// laid out like their params, with `step` set for Adam, Lion and LAMB): increments the steps on
 /// the device (unless *found_inf != 0), then runs the update: one launch per 24 tensors / 320
 /// chunks of 64K elements (4 blocks per chunk) and per (param dtype, grad dtype) pair present. LAMB
-/// runs phase 1 (moments
-/// + norms) over all tensors, then phase 2 (trust-ratio update); `lamb_workspace` is 2 * count
-/// doubles of device memory (zeroed here), null for the other algorithms.
+/// runs phase 1 (moments and norms) over all tensors, then phase 2 (trust-ratio update);
+/// `lamb_workspace` is 2 * count doubles of device memory (zeroed here), null for the other
+/// algorithms.
 cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count,
                        const OptimHyper& hyper, const DeviceScalars& scalars,
                        double* lamb_workspace, cudaStream_t stream);
 
-// ---- dist: the reducer's bucket pass
-// -------------------------------------------------------------
+// ---- dist: the reducer's bucket pass ------------------------------------------------------------
 
 /// out = in * scale over `n` contiguous elements, fp32/bf16/fp16 into fp32/bf16/fp16 (or fp64 into
 /// fp64), rounded once; `in` may equal `out`. cudaErrorInvalidValue for another dtype pair.
 cudaError_t scale_cast(DType in_dtype, const void* in, DType out_dtype, void* out, double scale,
                        int64_t n, cudaStream_t stream);
 
-// ---- quant: int8 affine quantize / dequantize
-// ----------------------------------------------------
+// ---- quant: int8 affine quantize / dequantize ---------------------------------------------------
 
 /// The layout of a quant call: x as [rows, cols]; `groups` scales per row, 0 = one for all.
 struct QuantLayout {
@@ -91,7 +89,7 @@ cudaError_t quantize_int8(DType in_dtype, const void* x, int8_t* q, QuantLayout 
 cudaError_t dequantize_int8(const int8_t* q, float* out, QuantLayout layout, const float* scale,
                             const int32_t* zero_point, cudaStream_t stream);
 
-/// Fake quantization (fake_quant.cu), fp32/bf16/fp16 x into y of the same dtype, in fp32:
+/// Fake quantization (quant_fake_quant.cu), fp32/bf16/fp16 x into y of the same dtype, in fp32:
 ///   v = round_half_even(x * (1 / scale[s])) + zero_point[s] (zero_point may be null: 0)
 ///   y = (clamp(v, quant_min, quant_max) - zero_point[s]) * scale[s], mask = quant_min <= v <=
 ///   quant_max
@@ -104,9 +102,9 @@ cudaError_t fake_quantize_backward(DType dtype, const void* grad, const uint8_t*
                                    int64_t n, cudaStream_t stream);
 
 // ---- quant: the int8 Linear (dynamic per-row activations, per-channel int8 weights) -------------
-// The CPU kernels (kernels/cpu/int8_gemm.h) compute the same numbers bit for bit: the row scale,
-// the rounding, the exact int32 accumulation and the fp32 epilogue below, in this order, with no
-// fused multiply-add (__fmul_rn / __fadd_rn on the device).
+// The CPU kernels (kernels/cpu/quant_int8_gemm.h) compute the same numbers bit for bit: the row
+// scale, the rounding, the exact int32 accumulation and the fp32 epilogue below, in this order,
+// with no fused multiply-add (__fmul_rn / __fadd_rn on the device).
 
 /// Per-row symmetric dynamic quantization of x viewed as [rows, cols] (fp32/bf16/fp16, contiguous):
 ///   absmax = max_k |x[m, k]| (in fp32), scale[m] = absmax / 127 (fp32 division), or 1 when

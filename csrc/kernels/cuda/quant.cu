@@ -30,7 +30,8 @@ __global__ void quantize_kernel(const In* __restrict__ x, int8_t* __restrict__ q
     const int64_t s = scale_index(i, l);
     const float inv = __frcp_rn(scale[s]);
     const float zp = zero_point ? static_cast<float>(zero_point[s]) : 0.f;
-    const float v = fminf(fmaxf(rintf(__fmul_rn(to_acc(x[i]), inv)) + zp, -128.f), 127.f);
+    // clamped from above first: fminf(NaN, 127) is 127, as on the CPU and in torch
+    const float v = fmaxf(fminf(rintf(__fmul_rn(to_acc(x[i]), inv)) + zp, 127.f), -128.f);
     q[i] = static_cast<int8_t>(static_cast<int32_t>(v));
   }
 }

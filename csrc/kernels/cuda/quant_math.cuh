@@ -1,4 +1,4 @@
-// Per-element math of the quant area's CUDA kernels (fake_quant.cu, int8_linear.cu), as
+// Per-element math of the quant area's CUDA kernels (quant_fake_quant.cu, quant_int8_linear.cu), as
 // __host__ __device__ functions: the kernels run them on the GPU, and
 // tests/cpp/test_cuda_math_host.cpp (a host build with -ffp-contract=off) compares them bit for bit
 // with the CPU formulas: the ISA kernel templates (kernels/cpu/quant.h, scalar lanes) for

@@ -1,5 +1,5 @@
 // CPU implementation of torchspeed::scale_cast_: validates, then runs the ISA kernel
-// (kernels/cpu/bucket.h) over 64K-element chunks in one parallel region.
+// (kernels/cpu/dist_bucket.h) over 64K-element chunks in one parallel region.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -1,5 +1,5 @@
 // CUDA implementation of torchspeed::scale_cast_: validates, then enqueues the torch-free kernel
-// (kernels/cuda/bucket.cu) on the current stream. No host synchronisation.
+// (kernels/cuda/dist_bucket.cu) on the current stream. No host synchronisation.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

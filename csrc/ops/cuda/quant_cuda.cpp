@@ -1,6 +1,6 @@
 // CUDA implementation of torchspeed::quantize_int8, dequantize_int8 and fake_quantize: validates
 // (shapes and dtypes; scale and zero_point values stay on the device), then enqueues the
-// torch-free kernels (kernels/cuda/quant.cu, fake_quant.cu) on the current stream. No host
+// torch-free kernels (kernels/cuda/quant.cu, quant_fake_quant.cu) on the current stream. No host
 // synchronisation.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>

@@ -52,6 +52,13 @@ struct TORCHSPEED_API DDPOptions {
   /// Broadcast the module's buffers from rank 0 before the forward of every synchronising
   /// micro-step (and at construction), as torch's DDP does before every forward.
   TORCH_ARG(bool, broadcast_buffers) = true;
+  /// ZeRO stage: 0 all-reduces every bucket; 1 reduce-scatters it instead (buckets padded to a
+  /// multiple of the world size), so each rank receives the averaged gradient of its contiguous
+  /// shard of every bucket (grad_shards()) and steps only that shard (Python:
+  /// torchspeed.dist.ZeroOptimizer). At the end of the synchronising backward one small
+  /// all-reduce tells every rank whether any shard held inf/NaN; if so, every rank's first shard
+  /// gets an inf, so a GradScaler skips the step everywhere.
+  TORCH_ARG(int64_t, zero) = 0;
 };
 
 /// What the reducer did, for the profiler and for tests. Times are on torchspeed's one clock
@@ -75,6 +82,10 @@ struct DDPStats {
   double last_overlap = 0.0;
   /// Buckets of the last sync that were launched during backward (the rest launched at its end).
   int64_t last_buckets_overlapped = 0;
+  /// ZeRO-1: bytes of this rank's gradient shards, and synchronising steps whose gradients held
+  /// inf/NaN on some rank (every rank counts the same).
+  int64_t grad_shard_bytes = 0;
+  int64_t nonfinite_steps = 0;
 };
 
 /// Thrown on every rank still training when another rank has left the training loop inside
@@ -168,6 +179,7 @@ class TORCHSPEED_API AccumulatingDDP {
   /// in-place scale when it exceeds max_norm (norm_type 2). Returns the total norm (0-dim float32
   /// tensor on the buckets' device); identical on every rank. max_norm >= 0 (c10::ValueError
   /// otherwise); as torch.nn.utils.clip_grad_norm_, 0 zeroes the gradients and inf leaves them.
+  /// With zero=1 it clips the shards: partial sums of squares (float64), one small all-reduce.
   at::Tensor clip_grad_norm_(double max_norm);
 
   /// Uneven inputs: call join_begin() before the training loop and join() when this rank has run
@@ -190,6 +202,16 @@ class TORCHSPEED_API AccumulatingDDP {
   DDPStats stats() const;
   /// The flat gradient buckets, in reduction order, and each trainable param's (bucket, offset).
   std::vector<at::Tensor> buckets() const;
+  /// zero=1: this rank's shard of every bucket's reduced gradient (elements [rank * s,
+  /// (rank + 1) * s) of the padded bucket), valid after a synchronising backward; else empty.
+  std::vector<at::Tensor> grad_shards() const;
+  /// zero=1: whether the last synchronising backward found inf/NaN in any rank's shard.
+  bool last_nonfinite() const;
+  /// zero=1: "reduce_scatter" (the shards reduce-scattered, the params all-gathered: NCCL), or
+  /// "all_reduce" (both done with an all-reduce: Gloo, whose ring all-reduce is much faster than
+  /// its reduce_scatter/all_gather; TORCHSPEED_ZERO_COLLECTIVES=native|all_reduce overrides);
+  /// "" without zero.
+  std::string zero_collectives() const;
   std::vector<std::pair<int64_t, int64_t>> param_slots() const;
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const;
 

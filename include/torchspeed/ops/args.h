@@ -2,7 +2,7 @@
 //   - the struct C++ callers fill and pass to the op's entry point (torchspeed::adam_step_(args)),
 //   - the flat signature the dispatcher calls (the kernels registered per dispatch key take the
 //     struct: TORCHSPEED_OP_IMPL(m, AdamStepArgs, adam_step_cpu)),
-//   - the argument names, which tests/cpp/test_op_args.cpp compares with the registered schema.
+//   - the argument names, which tests/cpp/test_ops_args.cpp compares with the registered schema.
 // The dispatcher itself checks the types and their order when a kernel is registered.
 //
 //   #define MY_OP_ARGS(X) X(at::TensorList, tensors, {}) X(double, alpha, 1.0)

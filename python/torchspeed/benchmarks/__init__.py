@@ -4,6 +4,7 @@ by side in one process, prints a table and writes a JSON to :func:`harness.resul
 ($TORCHSPEED_RESULTS_DIR, else ./torchspeed_results).
 
     torchspeed bench optim --quick        # or: python -m torchspeed.benchmarks optim --quick
+    torchspeed bench all [--full]         # every benchmark, in its quick size unless --full
     torchspeed.benchmarks.run("grad_stats", ["--quick"])
 
 `bench/bench_<name>.py` in the source tree are shims that run the same code.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Optional, Sequence
+
+from .._native import AreaNotBuiltError
 
 # name -> (module, what it measures)
 BENCHMARKS = {
@@ -49,3 +52,29 @@ def run(name: str, argv: Optional[Sequence[str]] = None) -> int:
             ) from None
     mod = importlib.import_module(f"{__name__}.{BENCHMARKS[name][0]}")
     return int(mod.main(list(argv) if argv is not None else []) or 0)
+
+
+def run_all(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs every benchmark of BENCHMARKS in turn (``torchspeed bench all``), each with ``--quick``
+    unless ``argv`` holds ``--full``; the rest of ``argv`` goes to every one. A benchmark whose
+    device, area or extra package is missing says so and is skipped. Returns the OR of the exit
+    statuses."""
+    argv = list(argv or [])
+    quick = [] if "--full" in argv else ["--quick"]
+    argv = [a for a in argv if a != "--full"]
+    print(f"torchspeed bench all: {', '.join(BENCHMARKS)} (each against its torch anchor)\n")
+    status = 0
+    for i, name in enumerate(BENCHMARKS):
+        if i:
+            print()
+        print(f"=== torchspeed bench {name} {' '.join(quick + argv)}".rstrip(), flush=True)
+        try:
+            status |= run(name, quick + argv)
+        except AreaNotBuiltError as e:  # this build left the benchmark's area out
+            print(f"skipped: {e}")
+        except SystemExit as e:  # a missing extra package (run's message) or an argparse error
+            if isinstance(e.code, str):
+                print(f"skipped: {e.code}")
+            else:
+                status |= int(e.code or 0)
+    return status

@@ -41,6 +41,9 @@ TARGET_VS_NO_COMM = 1.10
 TARGET_VS_TORCH = 1.0
 _NONE = "  [zero_grad()]"
 _ZERO = "  [zero_grad(set_to_none=False)]"
+_ZC = "(c) torchspeed AccumulatingDDP + AdamW"
+_ZZ = "(z) torchspeed AccumulatingDDP(zero=1) + ZeroOptimizer(AdamW)"
+_ZT = "(t) torch DDP + no_sync + ZeroRedundancyOptimizer(AdamW)"
 
 
 def _free_port() -> int:
@@ -107,6 +110,21 @@ def _worker(args) -> None:
             AccumulatingDDP(m, accumulation_steps=k, compression="bf16"),
         )
     opts = {name: torch.optim.SGD(m.parameters(), lr=1e-4) for name, (m, _) in variants.items()}
+    if args.zero:  # ZeRO-1 side by side instead: the same fused AdamW under three wrappers
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        variants.clear()
+        m = fresh()
+        variants[_ZC + _NONE] = (m, AccumulatingDDP(m, accumulation_steps=k))
+        opts = {_ZC + _NONE: torchspeed.optim.AdamW(m.parameters(), lr=1e-4)}
+        m = fresh()
+        variants[_ZZ + _NONE] = (m, AccumulatingDDP(m, accumulation_steps=k, zero=1))
+        opts[_ZZ + _NONE] = variants[_ZZ + _NONE][1].zero_optimizer(torchspeed.optim.AdamW, lr=1e-4)
+        m = fresh()
+        variants[_ZT + _NONE] = (m, nn.parallel.DistributedDataParallel(m))
+        opts[_ZT + _NONE] = ZeroRedundancyOptimizer(
+            m.parameters(), optimizer_class=torchspeed.optim.AdamW, lr=1e-4
+        )
 
     def optimizer_step(name):
         model, wrapper = variants[name]
@@ -161,6 +179,19 @@ def _worker(args) -> None:
     for name, (_, wrapper) in variants.items():
         if isinstance(wrapper, AccumulatingDDP):
             stats[name] = wrapper.stats()
+        if args.zero:  # optimizer state this rank holds
+            opt = opts[name]
+            inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer: this rank's optimizer
+            if hasattr(opt, "state_bytes"):
+                state = opt.state_bytes()
+            else:
+                state = sum(
+                    v.numel() * v.element_size()
+                    for st in inner.state.values()
+                    for v in st.values()
+                    if isinstance(v, torch.Tensor)
+                )
+            stats.setdefault(name, {})["optimizer_state_bytes_rank0"] = state
     if rank == 0:
         Path(args.out).write_text(
             json.dumps(
@@ -174,6 +205,7 @@ def _worker(args) -> None:
                     "batch": args.batch,
                     "world": world,
                     "torchspeed": torchspeed.__version__,
+                    "zero": bool(args.zero),
                 }
             )
         )
@@ -190,6 +222,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--batch", type=int, default=16, help="micro-batch rows per rank")
     ap.add_argument("--rounds", type=int, default=8, help="timed optimizer steps per variant")
     ap.add_argument("--quick", action="store_true", help="2M params, 2 rounds (a smoke run)")
+    ap.add_argument(
+        "--zero",
+        action="store_true",
+        help="ZeRO-1: torchspeed zero=1 vs torchspeed without ZeRO vs torch DDP + "
+        "ZeroRedundancyOptimizer, each with torchspeed's fused AdamW",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, default=2, help=argparse.SUPPRESS)
@@ -227,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             str(args.batch),
             "--rounds",
             str(args.rounds),
-        ]
+        ] + (["--zero"] if args.zero else [])
         procs = [
             subprocess.Popen(cmd + ["--rank", str(r)], env=env, start_new_session=True)
             for r in range(2)
@@ -246,6 +284,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     machine = machine_info("cpu")
     grad_bytes = 4 * data["n_params"]
+    if data.get("zero"):
+        return _report_zero(data, machine, argv, grad_bytes, results_dir())
     rows = []
 
     def median_step(name):
@@ -341,6 +381,78 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "config": {k: data[k] for k in ("n_params", "width", "k", "batch", "world")},
                 "rows": rows,
                 "allreduce_alone_s": data["allreduce_alone_s"],
+                "verdict": verdict,
+            },
+            f,
+            indent=2,
+        )
+    print(f"results written to {os.path.abspath(path)}")
+    return 0
+
+
+def _report_zero(data, machine, argv, grad_bytes, out_dir) -> int:
+    """The --zero table: time per optimizer step, bytes on the wire per rank and step, and the
+    optimizer state rank 0 holds, for torchspeed without ZeRO, with zero=1, and torch's DDP +
+    ZeroRedundancyOptimizer (which all-reduces every gradient, then broadcasts each shard)."""
+    step = {n: statistics.median(r["step"]) for n, r in data["results"].items()}
+    ours, zero, torch_zero = (n + _NONE for n in (_ZC, _ZZ, _ZT))
+    st = data["stats"]
+    # Bytes each rank sends per optimizer step with ring algorithms: an all-reduce of B bytes
+    # sends 2 (w-1)/w B, a reduce-scatter or an all-gather (w-1)/w B; torch's
+    # ZeroRedundancyOptimizer all-reduces the grads, then broadcasts every rank's shard.
+    w = data["world"]
+    ring = (w - 1) / w
+    wire = {
+        ours: 2 * ring * st[ours]["last_bytes_reduced"],
+        # zero=1 on Gloo runs both of its collectives as all-reduces (zero_collectives).
+        zero: ring
+        * (2 if st[zero].get("zero_collectives") == "all_reduce" else 1)
+        * (st[zero]["last_bytes_reduced"] + st[zero]["last_bytes_all_gathered"]),
+        torch_zero: 2 * ring * grad_bytes + ring * grad_bytes,
+    }
+    head = (
+        f"# bench_ddp --zero ({machine['cpu_model']}, {machine['cores']} cores, 2 ranks x 1 "
+        f"thread, Gloo on loopback; {data['n_params'] / 1e6:.1f}M params, k = {data['k']}, "
+        f"micro-batch {data['batch']} x {data['width']}; torchspeed.optim.AdamW in every row)"
+    )
+    header = (
+        f"{'variant':<62} {'ms/opt step':>11} {'vs no ZeRO':>10} {'MiB sent':>8} {'state MiB':>9}"
+    )
+    lines = [head, header, "-" * len(header)]
+    rows = []
+    for name in (ours, zero, torch_zero):
+        state = st[name]["optimizer_state_bytes_rank0"]
+        rows.append(
+            {
+                "label": name,
+                "median_s": step[name],
+                "step_s": data["results"][name]["step"],
+                "vs_no_zero": step[name] / step[ours],
+                "bytes_sent_per_rank_per_step": wire[name],
+                "optimizer_state_bytes_rank0": state,
+            }
+        )
+        lines.append(
+            f"{name[:62]:<62} {1e3 * step[name]:>11.1f} {step[name] / step[ours]:>9.3f}x "
+            f"{wire[name] / 2**20:>8.1f} {state / 2**20:>9.1f}"
+        )
+    verdict = (
+        f"targets: zero=1 <= 1.05x without ZeRO: {step[zero] / step[ours]:.3f}x "
+        f"[{'met' if step[zero] <= 1.05 * step[ours] else 'MISSED'}]; zero=1 <= 0.8x torch "
+        f"ZeroRedundancyOptimizer: {step[zero] / step[torch_zero]:.3f}x "
+        f"[{'met' if step[zero] <= 0.8 * step[torch_zero] else 'MISSED'}]"
+    )
+    lines.append(verdict)
+    print("\n".join(lines), flush=True)
+    path = os.path.join(out_dir, "bench_ddp_zero_cpu.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(
+            {
+                "bench": "bench_ddp --zero",
+                "command": "torchspeed bench ddp " + " ".join(argv or []),
+                "machine": machine,
+                "config": {k: data[k] for k in ("n_params", "width", "k", "batch", "world")},
+                "rows": rows,
                 "verdict": verdict,
             },
             f,

@@ -4,6 +4,10 @@ a measured STREAM-triad bandwidth as the physical limit, a printed table and a J
     h = Harness("bench_optim", "torchspeed bench optim --quick")
     h.add("torch fused AdamW", fn, bytes_moved=28 * n, group="flat 1e8")
     h.finish()  # prints the table, writes JSON to results_dir()
+
+A benchmark that measures a rate itself (a loader's images/s over whole epochs) records it with
+``h.record(group, label, rate, "img/s", anchor=...)``; ``h.details`` holds whatever else its JSON
+should carry.
 """
 
 import datetime
@@ -134,6 +138,7 @@ class Harness:
         self.device = device
         self.command = argv_summary
         self.rows: List[Dict] = []
+        self.details: Dict = {}  # benchmark-specific figures, written into the JSON as they are
         self.machine = machine_info(device)
         self.bandwidth_gbps: Optional[float] = (
             stream_triad_gbps(device=device) if measure_bandwidth else None
@@ -173,17 +178,37 @@ class Harness:
         self.rows.append(row)
         return row
 
+    def record(
+        self, group: str, label: str, rate: float, unit: str, anchor: bool = False, **extra
+    ) -> Dict:
+        """A rate the benchmark measured itself (higher is better, e.g. images/s over whole
+        epochs), compared with the best anchor of its group like the timed rows."""
+        row = {
+            "group": group,
+            "label": label,
+            "anchor": anchor,
+            "rate": rate,
+            "unit": unit,
+            **extra,
+        }
+        self.rows.append(row)
+        return row
+
     def finish(self) -> str:
-        # Speedup of each row against the best anchor of its group.
-        best_anchor: Dict[str, float] = {}
+        # Speedup of each row against the best anchor of its group (a time: the smallest; a rate:
+        # the largest).
+        best_time: Dict[str, float] = {}
+        best_rate: Dict[str, float] = {}
         for r in self.rows:
-            if r["anchor"]:
-                best_anchor[r["group"]] = min(
-                    best_anchor.get(r["group"], float("inf")), r["median_s"]
-                )
+            if r["anchor"] and "median_s" in r:
+                best_time[r["group"]] = min(best_time.get(r["group"], float("inf")), r["median_s"])
+            elif r["anchor"]:
+                best_rate[r["group"]] = max(best_rate.get(r["group"], 0.0), r["rate"])
         for r in self.rows:
-            if r["group"] in best_anchor:
-                r["speedup_vs_best_anchor"] = best_anchor[r["group"]] / r["median_s"]
+            if "median_s" in r and r["group"] in best_time:
+                r["speedup_vs_best_anchor"] = best_time[r["group"]] / r["median_s"]
+            elif "rate" in r and best_rate.get(r["group"]):
+                r["speedup_vs_best_anchor"] = r["rate"] / best_rate[r["group"]]
         bw = f"{self.bandwidth_gbps:.1f} GB/s" if self.bandwidth_gbps else "n/a"
         cuda = self.device.startswith("cuda")
         if self.inplace_bandwidth_gbps:
@@ -198,8 +223,11 @@ class Harness:
             f"{'group':<30} {'implementation':<34} {'median ms':>10} {'GB/s':>7} "
             f"{bw_head:>7} {'% ip-triad':>10} {'vs anchor':>9}"
         )
-        lines += [header, "-" * len(header)]
-        for r in self.rows:
+        timed = [r for r in self.rows if "median_s" in r]
+        rated = [r for r in self.rows if "rate" in r]
+        if timed or not rated:
+            lines += [header, "-" * len(header)]
+        for r in timed:
             gbps = f"{r['gbps']:.1f}" if "gbps" in r else "-"
             frac = f"{100 * r['frac_of_bw']:.0f}" if "frac_of_bw" in r else "-"
             ifrac = f"{100 * r['frac_of_inplace_bw']:.0f}" if "frac_of_inplace_bw" in r else "-"
@@ -208,6 +236,13 @@ class Harness:
                 f"{r['group']:<30} {r['label']:<34} {1e3 * r['median_s']:>10.2f} {gbps:>7} "
                 f"{frac:>7} {ifrac:>10} {sp:>9}"
             )
+        if rated:
+            rate_header = f"{'group':<30} {'implementation':<34} {'rate':>18} {'vs anchor':>9}"
+            lines += [rate_header, "-" * len(rate_header)]
+        for r in rated:
+            sp = f"{r['speedup_vs_best_anchor']:.2f}x" if "speedup_vs_best_anchor" in r else "-"
+            rate = f"{r['rate']:,.0f} {r['unit']}"
+            lines.append(f"{r['group']:<30} {r['label']:<34} {rate:>18} {sp:>9}")
         table = "\n".join(lines)
         print(table, flush=True)
         path = os.path.join(results_dir(), f"{self.name}_{self.device.split(':')[0]}.json")
@@ -220,9 +255,11 @@ class Harness:
                     "bandwidth_gbps": self.bandwidth_gbps,
                     "inplace_bandwidth_gbps": self.inplace_bandwidth_gbps,
                     "rows": self.rows,
+                    **({"details": self.details} if self.details else {}),
                 },
                 f,
                 indent=2,
+                default=str,  # details may hold stats objects
             )
         print(f"results written to {os.path.abspath(path)}")
         return table

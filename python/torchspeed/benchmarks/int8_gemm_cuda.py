@@ -1,4 +1,4 @@
-"""The int8 Linear's CUDA kernels (csrc/kernels/cuda/int8_linear.cu) against bf16 on the GPU, side
+"""The int8 Linear's CUDA kernels (csrc/kernels/cuda/quant_int8_linear.cu) against bf16 on the GPU, side
 by side in one process: ``torch.ops.torchspeed.int8_linear`` (per-row activation quantization +
 the mma.sync int8 GEMM with its fused epilogue, bf16 in and out, the int8 [N, K] weight) vs
 ``torch.matmul`` in bf16 (cuBLAS) and, as the int8 anchor, ``torch._int_mm`` followed by the

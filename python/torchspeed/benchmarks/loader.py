@@ -9,9 +9,9 @@ the decode_scaling modes side by side: speed and fidelity (mean abs diff vs the 
 
     torchspeed bench loader [--quick] [--workers 1 2] [--epochs 3] [--decode-scaling-only]
 
-Writes a JSON next to the table: bench_loader.json in $TORCHSPEED_RESULTS_DIR, else in
-./torchspeed_results (the generated images are cached there too). Needs Pillow
-(pip install torchspeed[bench]).
+Prints the harness's table (torchspeed.benchmarks.harness) and writes its JSON,
+bench_loader_cpu.json, in $TORCHSPEED_RESULTS_DIR, else in ./torchspeed_results (the generated
+images are cached there too). Needs Pillow (pip install torchspeed[bench]).
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,10 +28,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-import torchspeed
-from torchspeed.benchmarks.harness import results_dir
-from torchspeed.data import DataLoader, TensorSource, WebDataset
-from torchspeed.data.write_shards import ShardWriter
+from .._native import native_module
+from ..data import DataLoader, TensorSource, WebDataset
+from ..data.pil_reference import pil_reference
+from ..data.shard_writer import ShardWriter
+from ..demo.baseline import RandomResizedCrop
+from .harness import Harness, results_dir
 
 
 # ------------------------------------------------------------------------------ data generation
@@ -80,33 +80,10 @@ def make_dataset(root: str, n: int, per_shard: int = 256) -> dict:
 
 
 # ------------------------------------------------------------------------------ torch baseline
-class PilRandomResizedCrop:
-    """torchvision.transforms.RandomResizedCrop on PIL (torchvision is not installed here)."""
-
-    def __init__(self, size=224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
-        self.size, self.scale, self.ratio = size, scale, ratio
-
-    def __call__(self, img: Image.Image) -> Image.Image:
-        W, H = img.size
-        area = W * H
-        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
-        for _ in range(10):
-            target = area * torch.empty(1).uniform_(*self.scale).item()
-            aspect = math.exp(torch.empty(1).uniform_(*log_ratio).item())
-            w, h = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
-            if 0 < w <= W and 0 < h <= H:
-                i = torch.randint(0, H - h + 1, (1,)).item()
-                j = torch.randint(0, W - w + 1, (1,)).item()
-                break
-        else:
-            w, h, i, j = min(W, H), min(W, H), (H - min(W, H)) // 2, (W - min(W, H)) // 2
-        return img.crop((j, i, j + w, i + h)).resize((self.size, self.size), Image.BILINEAR)
-
-
 class FolderDataset(torch.utils.data.Dataset):
     def __init__(self, files):
         self.files = files
-        self.rrc = PilRandomResizedCrop(224)
+        self.rrc = RandomResizedCrop(224)
 
     def __len__(self):
         return len(self.files)
@@ -212,7 +189,7 @@ def bench_ceiling(urls, n: int) -> dict:
     """One thread, the same native calls (decode with scaling + RRC + flip), no loader around."""
     import tarfile
 
-    D = torchspeed._C.data
+    D = native_module("data", "torchspeed bench loader")
     blobs = []
     for u in urls:
         with tarfile.open(u) as tf:
@@ -234,29 +211,12 @@ def bench_ceiling(urls, n: int) -> dict:
     return {"images_per_s": per_s, "images_per_s_no_decode_scaling": per_s_noscale}
 
 
-def pil_reference(data: bytes, o, d) -> np.ndarray:
-    """torchvision on PIL given the loader's draws: full decode, crop, BILINEAR (antialiased)."""
-    img = Image.open(io.BytesIO(data)).convert("RGB")
-    oh, ow = o.height, o.width
-    if o.crop == "random_resized_crop":
-        t, left, h, w = d["top"], d["left"], d["height"], d["width"]
-        out = img.crop((left, t, left + w, t + h)).resize((ow, oh), Image.BILINEAR)
-    elif o.crop == "resize_center_crop":
-        rw, rh = d["resize_width"], d["resize_height"]
-        out = img.resize((rw, rh), Image.BILINEAR)
-        top, left = int(round((rh - oh) / 2.0)), int(round((rw - ow) / 2.0))
-        out = out.crop((left, top, left + ow, top + oh))
-    else:
-        out = img.resize((ow, oh), Image.BILINEAR)
-    return np.asarray(out).transpose(2, 0, 1).astype(np.int16)
-
-
 def bench_decode_scaling(urls, n: int, n_fidelity: int = 32) -> dict:
     """Speed (one core, native process_image) and fidelity (per-image mean |diff| vs the Pillow
     reference) of decode_scaling="accurate" (default), "fast" and "off", per crop mode."""
     import tarfile
 
-    D = torchspeed._C.data
+    D = native_module("data", "torchspeed bench loader")
     blobs = []
     for u in urls:
         with tarfile.open(u) as tf:
@@ -288,7 +248,13 @@ def bench_decode_scaling(urls, n: int, n_fidelity: int = 32) -> dict:
                 d = D.draw_image_params(o, w, h, True, 0, 1, i)
                 scaled += d["scale_denom"] > 1
                 out = D.process_image(b, o, 0, 1, i).numpy().astype(np.int16)
-                diffs.append(float(np.abs(out - pil_reference(b, o, d)).mean()))
+                diffs.append(
+                    float(
+                        np.abs(
+                            out - pil_reference(b, o, d).transpose(2, 0, 1).astype(np.int16)
+                        ).mean()
+                    )
+                )
             row["modes"][mode] = {
                 "images_per_s": per_s,
                 "mean_abs_diff": statistics.mean(diffs),
@@ -391,76 +357,67 @@ def main(argv=None) -> int:
         print(f"wrote {path}")
         return 0
 
-    results = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torchspeed": torchspeed.__version__,
-            "platform": platform.platform(),
-        },
-        "workload": {
-            "images": a.images,
-            "size": "500x375",
-            "quality": 90,
-            "bits_per_pixel": data["bpp"],
-            "batch": a.batch,
-            "pipeline": "decode -> RandomResizedCrop(224) -> flip -> uint8 CHW",
-            "timed_epochs": a.epochs,
-        },
-        "ceiling_1core": bench_ceiling(data["urls"], a.images),
-        "runs": {},
+    h = Harness(
+        "bench_loader", "torchspeed bench loader " + " ".join(argv or []), measure_bandwidth=False
+    )
+    h.details["workload"] = {
+        "images": a.images,
+        "size": "500x375",
+        "quality": 90,
+        "bits_per_pixel": data["bpp"],
+        "batch": a.batch,
+        "pipeline": "decode -> RandomResizedCrop(224) -> flip -> uint8 CHW",
+        "timed_epochs": a.epochs,
     }
-    ceiling = results["ceiling_1core"]["images_per_s"]
-    rows = []
-    for n in a.workers:
-        t = bench_torch(data["files"], n, a.epochs, a.batch)
-        o = bench_ours(data["urls"], n, a.epochs, a.batch)
-        results["runs"][str(n)] = {
-            "torch": t,
-            "torchspeed": o,
-            "speedup": o["images_per_s"] / t["images_per_s"],
-            "efficiency_vs_n_x_ceiling": o["images_per_s"] / (n * ceiling),
-        }
-        rows.append((n, t, o))
-    results["tensor_batches"] = bench_tensors(a.batch, max(a.epochs, 2))
-    results["decode_scaling"] = bench_decode_scaling(data["urls"], min(a.images, 512))
-
+    h.details["ceiling_1core"] = bench_ceiling(data["urls"], a.images)
+    ceiling = h.details["ceiling_1core"]["images_per_s"]
     print(
-        f"\nLoader benchmark: {a.images} JPEGs 500x375 q90 ({data['bpp']:.2f} bpp), batch "
+        f"Loader benchmark: {a.images} JPEGs 500x375 q90 ({data['bpp']:.2f} bpp), batch "
         f"{a.batch}, RRC(224)+flip, uint8 CHW; {os.cpu_count()} CPUs"
     )
     print(
         f"single-core ceiling (native decode+crop, no loader): {ceiling:,.0f} img/s "
-        f"({results['ceiling_1core']['images_per_s_no_decode_scaling']:,.0f} without "
+        f"({h.details['ceiling_1core']['images_per_s_no_decode_scaling']:,.0f} without "
         "decode-time scaling)"
     )
-    hdr = (
-        f"{'N':>2} | {'torch img/s':>11} | {'ours img/s':>10} | {'speedup':>7} | "
-        f"{'ours/(N*ceil)':>13} | {'1st batch torch':>15} | {'1st batch ours':>14} | "
-        f"{'RSS torch MB':>12} | {'RSS ours MB':>11}"
-    )
-    print(hdr)
-    print("-" * len(hdr))
-    for n, t, o in rows:
-        print(
-            f"{n:>2} | {t['images_per_s']:>11,.0f} | {o['images_per_s']:>10,.0f} | "
-            f"{o['images_per_s'] / t['images_per_s']:>6.2f}x | "
-            f"{o['images_per_s'] / (n * ceiling):>12.0%} | {t['first_batch_s']:>14.2f}s | "
-            f"{o['first_batch_s']:>13.2f}s | {t['rss_mb']:>12,.0f} | {o['rss_mb']:>11,.0f}"
+    for n in a.workers:
+        t = bench_torch(data["files"], n, a.epochs, a.batch)
+        o = bench_ours(data["urls"], n, a.epochs, a.batch)
+        group = f"JPEG RRC(224), {n} worker(s)"
+        h.record(group, "torch DataLoader + PIL", t["images_per_s"], "img/s", anchor=True, **t)
+        h.record(
+            group,
+            "torchspeed DataLoader",
+            o["images_per_s"],
+            "img/s",
+            efficiency_vs_n_x_ceiling=o["images_per_s"] / (n * ceiling),
+            **o,
         )
-    tb = results["tensor_batches"]
-    print(
-        f"in-memory tensors (50k x 3x32x32 uint8, batch {a.batch}, shuffled): torch default "
-        f"collate {tb['torch_default_collate']['samples_per_s']:,.0f} samples/s, TensorSource "
-        f"{tb['torchspeed_tensor_source_1t']['samples_per_s']:,.0f} samples/s "
-        f"({tb['speedup']:.1f}x)"
+        print(
+            f"{n} worker(s): first batch torch {t['first_batch_s']:.2f} s, ours "
+            f"{o['first_batch_s']:.2f} s; RSS torch {t['rss_mb']:,.0f} MB, ours "
+            f"{o['rss_mb']:,.0f} MB; ours/(N*ceiling) {o['images_per_s'] / (n * ceiling):.0%}"
+        )
+    tb = bench_tensors(a.batch, max(a.epochs, 2))
+    group = f"tensors 3x32x32, batch {a.batch}"
+    h.record(
+        group,
+        "torch default collate",
+        tb["torch_default_collate"]["samples_per_s"],
+        "samples/s",
+        anchor=True,
     )
-    print_decode_scaling(results["decode_scaling"])
-    path = os.path.join(out_dir, "bench_loader.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {path}")
+    h.record(
+        group,
+        "torchspeed TensorSource, 1 thread",
+        tb["torchspeed_tensor_source_1t"]["samples_per_s"],
+        "samples/s",
+    )
+    h.details["tensor_batches"] = tb
+    h.details["decode_scaling"] = bench_decode_scaling(data["urls"], min(a.images, 512))
+    print_decode_scaling(h.details["decode_scaling"])
+    print()
+    h.finish()
     return 0
 
 

@@ -20,6 +20,9 @@ import time
 
 import torch
 
+from ..data import DataLoader, TensorSource
+from .harness import Harness
+
 
 def cycles_for(ms: float) -> int:
     """Calibrates torch.cuda._sleep cycles for a step of `ms` milliseconds."""
@@ -52,14 +55,15 @@ def main(argv=None) -> int:
     )
     p.add_argument("--step-ms", type=float, default=20.0)
     p.add_argument("--batches", type=int, default=100)
+    p.add_argument("--quick", action="store_true", help="20 batches (a smoke run)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     a = p.parse_args(argv)
+    if a.quick:
+        a.batches = min(a.batches, 20)
     if not torch.cuda.is_available():
         print("bench_loader_gpu: no CUDA device; nothing to check")
         return 0
-    from torchspeed.data import DataLoader, TensorSource
-
     n = a.batch * (a.batches + 10)
     x = torch.randint(0, 255, (n, 3, 224, 224), dtype=torch.uint8)
     y = torch.randint(0, 1000, (n,))
@@ -84,20 +88,24 @@ def main(argv=None) -> int:
         fed = run(it, cycles, a.batches)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    st = dl.stats()
-    res = {
+    h = Harness(
+        "bench_loader_gpu",
+        "torchspeed bench loader_gpu " + " ".join(argv or []),
+        device="cuda",
+        measure_bandwidth=False,
+    )
+    group = f"{a.step_ms:g} ms steps, batch {a.batch}"
+    h.record(group, "synthetic batches on the GPU", 1.0 / synthetic, "steps/s", anchor=True)
+    h.record(group, "torchspeed DataLoader(device=cuda)", 1.0 / fed, "steps/s")
+    h.details = {
         "step_ms_synthetic": synthetic * 1e3,
         "step_ms_loader": fed * 1e3,
         "ratio": fed / synthetic,
         "target": 1.05,
-        "loader_stats": st,
-        "device": torch.cuda.get_device_name(),
+        "loader_stats": dl.stats(),
     }
-    print(json.dumps(res, indent=2, default=str))
-    from torchspeed.benchmarks.harness import results_dir
-
-    with open(os.path.join(results_dir(), "bench_loader_gpu.json"), "w") as f:
-        json.dump(res, f, indent=2, default=str)
+    print(json.dumps(h.details, indent=2, default=str))
+    h.finish()
     return 0 if fed / synthetic <= 1.05 else 1
 
 

@@ -13,7 +13,8 @@ An ordinary ``torch.utils.data.Dataset`` works too: it is delegated to torch's o
 (see :class:`DataLoader` for why), with ``device=`` prefetching added on top.
 """
 
-from .loader import DataLoader, NpySource, TensorSource, WebDataset
+from .loader import DataLoader
 from .prefetch import DevicePrefetcher
+from .sources import NpySource, TensorSource, WebDataset
 
 __all__ = ["DataLoader", "WebDataset", "NpySource", "TensorSource", "DevicePrefetcher"]

@@ -25,12 +25,13 @@ import math
 import multiprocessing
 import os
 import shutil
-import sys
 import tempfile
 import time
 from typing import List, Optional, Tuple
 
 import numpy as np
+
+from .._progress import progress_bar
 
 FORMAT_VERSION = 1
 CLASSES = (
@@ -329,19 +330,5 @@ def _generate(folder: str, name: str, seed: int, workers: Optional[int], progres
         raise
 
 
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _bar(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, desc=desc, unit="img", file=sys.stderr, dynamic_ncols=True)
+    return progress_bar(total, desc, "img", enabled=enabled)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import profile as tsp
+from .._progress import progress_bar
 from . import baseline as bl
 
 
@@ -476,24 +477,5 @@ def _close(dl) -> None:
         it._shutdown_workers()
 
 
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix(self, **kw) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _bar(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    import sys
-
-    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True)
+    return progress_bar(total, desc, "step", enabled=enabled)

@@ -13,6 +13,8 @@ See docs/DIST.md for the launch commands (one machine, several), uneven inputs (
 normalisation over variable-length batches, compression and the stats.
 """
 
-from .ddp import AccumulatingDDP, RanksOutOfData
+from .ddp import AccumulatingDDP
+from .errors import RanksOutOfData
+from .zero import ZeroOptimizer, consolidate_state_dict
 
-__all__ = ["AccumulatingDDP", "RanksOutOfData"]
+__all__ = ["AccumulatingDDP", "RanksOutOfData", "ZeroOptimizer", "consolidate_state_dict"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +19,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import _C
 from .._native import native_module
+from .errors import RanksOutOfData
+from .process_group import as_process_group
+from .zero import ZeroOptimizer
 
 _COMPRESSION = {
     None: "none",
@@ -54,20 +57,6 @@ def _check_bool(value, arg, what=_NAME):
         raise TypeError(f"{what}: {arg} must be a bool, got {type(value).__name__} {value!r}")
 
 
-if getattr(_C, "dist", None) is not None:
-    RanksOutOfData = _C.dist.RanksOutOfData
-else:  # built without the area: the name still exists for except clauses
-
-    class RanksOutOfData(RuntimeError):
-        pass
-
-
-RanksOutOfData.__doc__ = (
-    "Raised on the ranks still training when another rank left its loop inside join(); "
-    "`.ranks` lists the ranks that ran out."
-)
-
-
 class AccumulatingDDP(nn.Module):
     """Data parallelism with gradient accumulation over a torch.distributed process group.
 
@@ -100,6 +89,10 @@ class AccumulatingDDP(nn.Module):
             small all-reduce per optimizer step). Params unused in *some* micro-steps are always
             handled correctly. Off: a param no rank used gets a zero gradient.
         broadcast_buffers: broadcast buffers from rank 0 at every synchronising forward.
+        zero: 1 for ZeRO-1: each bucket is reduce-scattered instead of all-reduced, and the
+            optimizer made by :meth:`zero_optimizer` keeps state for this rank's shard only
+            (docs/DIST.md). After the synchronising backward the params' ``.grad`` are not the
+            reduced gradient: it lives in the shards (clip with :meth:`clip_grad_norm_`).
         device_ids, output_device, gradient_as_bucket_view, static_graph: accepted for drop-in
             compatibility with torch's DDP. Gradients are always bucket views; static_graph is
             not needed (readiness is tracked per window); device_ids must name the module's device.
@@ -131,6 +124,7 @@ class AccumulatingDDP(nn.Module):
         output_device: Any = None,
         gradient_as_bucket_view: bool = True,
         static_graph: bool = False,
+        zero: int = 0,
     ) -> None:
         super().__init__()
         name = _NAME
@@ -139,6 +133,7 @@ class AccumulatingDDP(nn.Module):
                 f"{name}: module must be a torch.nn.Module, got {type(module).__name__}"
             )
         _check_int(accumulation_steps, "accumulation_steps")
+        _check_int(zero, "zero")
         bucket_cap_mb = 25.0 if bucket_cap_mb is None else bucket_cap_mb
         _check_real(bucket_cap_mb, "bucket_cap_mb")
         _check_real(first_bucket_cap_mb, "first_bucket_cap_mb")
@@ -167,7 +162,7 @@ class AccumulatingDDP(nn.Module):
                     "process_group="
                 )
             process_group = dist.distributed_c10d._get_default_group()
-        process_group = _as_process_group(process_group, name)
+        process_group = as_process_group(process_group, name)
         named_params = list(module.named_parameters())
         params = [p for _, p in named_params]
         if device_ids is not None:
@@ -197,6 +192,15 @@ class AccumulatingDDP(nn.Module):
         self.process_group = process_group
         self.accumulation_steps = int(accumulation_steps)
         self.compression = _COMPRESSION[key]
+        self.zero = int(zero)
+        # The trainable params in the reducer's slot order (distinct, requires_grad at wrapping).
+        seen: set[int] = set()
+        self._slot_params = []
+        for p in params:
+            if id(p) not in seen and p.requires_grad:
+                seen.add(id(p))
+                self._slot_params.append(p)
+        self._zero_optimizer = None
         self._no_sync_depth = 0
         self._in_micro_batch = False
         # The values are validated once, in C++ (ValueError), before any collective; then one
@@ -214,6 +218,7 @@ class AccumulatingDDP(nn.Module):
             broadcast_buffers=broadcast_buffers,
             param_names=[n for n, _ in named_params],
             buffer_names=[n for n, _ in named_buffers],
+            zero=int(zero),
         )
         self.register_state_dict_post_hook(_strip_module_prefix)
         self.register_load_state_dict_pre_hook(_add_module_prefix)
@@ -324,6 +329,15 @@ class AccumulatingDDP(nn.Module):
         _check_real(max_norm, "max_norm", f"{_NAME}.clip_grad_norm_")
         return self._impl.clip_grad_norm_(float(max_norm))
 
+    def zero_optimizer(self, optimizer_class: type, **defaults: Any) -> ZeroOptimizer:
+        """ZeRO-1 (``zero=1``): an ``optimizer_class`` (torchspeed's fused AdamW, Adam, SGD, Lion,
+        or a ``torch.optim`` class) over this rank's shard of every bucket, with ``defaults`` as
+        its hyperparameters; ``step()`` all-gathers the updated params. See
+        :class:`torchspeed.dist.ZeroOptimizer`."""
+        opt = ZeroOptimizer(self, optimizer_class, **defaults)
+        self._zero_optimizer = weakref.ref(opt)
+        return opt
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """``set_to_none=False`` zeroes the buckets in place (one memset each), so the next backward
         accumulates straight into them; the default, like torch, sets grads to None (the reducer
@@ -343,7 +357,11 @@ class AccumulatingDDP(nn.Module):
         the communication time, the part of it exposed after backward and the overlap fraction
         of the last optimizer step (nanoseconds on torchspeed's profiler clock)."""
         s = self._impl.stats()
-        return {k: getattr(s, k) for k in dir(s) if not k.startswith("_")}
+        out = {k: getattr(s, k) for k in dir(s) if not k.startswith("_")}
+        opt = self._zero_optimizer() if self._zero_optimizer is not None else None
+        if opt is not None:  # ZeRO-1: what the optimizer gathered and the state it holds
+            out.update(opt.stats())
+        return out
 
     def buckets(self) -> list[torch.Tensor]:
         """The flat gradient buckets, in reduction order (each param's grad is a view into one)."""
@@ -354,31 +372,6 @@ class AccumulatingDDP(nn.Module):
             f"accumulation_steps={self.accumulation_steps}, world_size={self.world_size}, "
             f"buckets={self._impl.stats().buckets}, compression={self.compression!r}"
         )
-
-
-def _as_process_group(group, name):
-    """A ProcessGroup as given, or one wrapping a bare backend (dist.ProcessGroupGloo(store, r, n)
-    is a Backend, not a ProcessGroup): the same wrapping torch's init_process_group does."""
-    if isinstance(group, dist.ProcessGroup):
-        return group
-    from torch._C._distributed_c10d import Backend as C10dBackend
-
-    if isinstance(group, C10dBackend):
-        pg = dist.ProcessGroup(dist.HashStore(), group.rank(), group.size())
-        kind = {
-            "gloo": dist.ProcessGroup.BackendType.GLOO,
-            "nccl": dist.ProcessGroup.BackendType.NCCL,
-        }.get(group.name().lower())
-        if kind is None:
-            raise TypeError(f"{name}: process_group backend {group.name()!r} is not gloo or nccl")
-        pg._set_default_backend(kind)
-        device = torch.device("cuda" if kind == dist.ProcessGroup.BackendType.NCCL else "cpu")
-        pg._register_backend(device, kind, group)
-        return pg
-    raise TypeError(
-        f"{name}: process_group must be a torch.distributed ProcessGroup (dist.new_group(), "
-        f"the default group) or a Backend, got {type(group).__name__}"
-    )
 
 
 def _strip_module_prefix(module, state_dict, prefix, local_metadata):

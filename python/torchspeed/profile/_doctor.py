@@ -114,29 +114,60 @@ def doctor(
     png: bool = True,
     progress: bool = True,
     file=None,
+    then: str = "stop",
 ) -> Iterator[StepProfiler]:
-    """Profiles the block with torch's hooks (each step of the first optimizer ends a step); at
-    the end prints the breakdown and the advice to ``file`` (stdout) and writes them to ``out``
-    (None: print only). ``steps`` stops the block after that many steps (StopRun is caught here).
+    """Profiles the block with torch's hooks and prints the breakdown, where the time goes inside
+    forward and backward, and the advice to ``file`` (stdout), writing them to ``out`` too (None:
+    print only).
+
+    Steps end at each step of the first optimizer; in a loop without one, at the first forward
+    or batch fetch after a backward (a manual update), else at each forward of the top module
+    (the report says which). ``steps``: after that many steps, ``then="stop"`` stops the block
+    (StopRun, caught here) and ``then="continue"`` stops profiling, reports at once and lets the
+    block run on, unprofiled. An error in the doctor's own code is reported on stderr and ends
+    the profiling, never the block.
     """
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ValueError(
             f"torchspeed.profile.doctor: steps must be an int >= 1 or None, got {steps!r}"
+        )
+    if then not in ("stop", "continue"):
+        raise ValueError(
+            f"torchspeed.profile.doctor: then must be 'stop' or 'continue', got {then!r}"
         )
     created = False
     if out is not None:
         # Before the run, so an unwritable folder fails now rather than after the training.
         created = not os.path.exists(out)
         os.makedirs(out, exist_ok=True)
-    prof = StepProfiler(hooks=True, step_on="optimizer", device=device, warmup=warmup)
+    prof = StepProfiler(hooks=True, step_on="auto", device=device, warmup=warmup, attribute=True)
     bar = _Progress(steps, progress)
     stream = file or sys.stdout
+    finished = []
+
+    def finish() -> None:
+        """Stops profiling and reports, once (at the step limit, or when the block ends)."""
+        if finished:
+            return
+        finished.append(True)
+        bar.close()
+        prof.stop()
+        try:
+            _report(prof, out, created, stream, trace=trace, png=png)
+        except Exception as e:  # noqa: BLE001 (the doctor's failure must not be the script's)
+            print(
+                f"torchspeed doctor: could not write the report ({type(e).__name__}: {e})",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def on_step(p: StepProfiler) -> None:
         bar.update()
         # Steps taken on the host: on CUDA, history() lags until the step's events resolve.
         if steps is not None and p.steps_taken >= steps:
-            raise StopRun()
+            if then == "stop":
+                raise StopRun()
+            finish()
 
     prof._on_step.append(on_step)
     try:
@@ -145,21 +176,26 @@ def doctor(
     except StopRun:
         pass
     finally:
-        bar.close()
-        if prof.steps_taken == 0:
-            print("torchspeed doctor: no optimizer step ran, nothing to report", file=stream)
-            if created and not os.listdir(out):
-                os.rmdir(out)
-        else:
-            summary = prof.summary()  # every rank: gathers the ranks' summaries on rank 0
-            if summary.rank == 0:
-                print(prof.report(summary), file=stream, flush=True)  # first: files may fail
-            if out is not None:
-                paths = write_outputs(prof, out, summary, trace=trace, png=png)
-                if summary.rank == 0:
-                    print(
-                        "\nwritten: " + ", ".join(f"{k} {v}" for k, v in paths.items()), file=stream
-                    )
+        finish()
+
+
+def _report(prof: StepProfiler, out, created: bool, stream, trace: bool, png: bool) -> None:
+    if prof.steps_taken == 0:
+        print(
+            "torchspeed doctor: no step was seen (no optimizer step, and too few iterations of "
+            "forward and backward to tell the loop's steps), nothing to report",
+            file=stream,
+        )
+        if out is not None and created and not os.listdir(out):
+            os.rmdir(out)
+        return
+    summary = prof.summary()  # every rank: gathers the ranks' summaries on rank 0
+    if summary.rank == 0:
+        print(prof.report(summary), file=stream, flush=True)  # first: files may fail
+    if out is not None:
+        paths = write_outputs(prof, out, summary, trace=trace, png=png)
+        if summary.rank == 0:
+            print("\nwritten: " + ", ".join(f"{k} {v}" for k, v in paths.items()), file=stream)
 
 
 # Interpreter options that take a value (`-W error`, `-X dev`); the doctor runs the script in its
@@ -220,29 +256,70 @@ def run(argv: List[str], **kwargs) -> int:
     # Resolved before profiling starts: a typo fails at once, with nothing installed.
     argv = check_command(argv)
     status = 0
-    saved_argv, saved_path = sys.argv, list(sys.path)
     try:
         with doctor(**kwargs):
-            try:
-                if argv[0] == "-m":
-                    sys.argv = [argv[1]] + argv[2:]
-                    sys.path.insert(0, os.getcwd())
-                    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-                else:
-                    sys.argv = argv
-                    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-                    runpy.run_path(argv[0], run_name="__main__")
-            except SystemExit as e:
-                code = e.code
-                if isinstance(code, int):
-                    status = code
-                elif code is None:
-                    status = 0
-                else:  # sys.exit("message"): Python prints it and exits with 1
-                    print(code, file=sys.stderr)
-                    status = 1
+            status = _execute(argv)
     except KeyboardInterrupt:
         status = 130
+    return status
+
+
+def _execute(argv: List[str]) -> int:
+    """Runs the checked command as __main__ in this process; returns its exit status (an
+    exception propagates). sys.argv and sys.path are restored after."""
+    status = 0
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1]] + argv[2:]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+        if isinstance(code, int):
+            status = code
+        elif code is None:
+            status = 0
+        else:  # sys.exit("message"): Python prints it and exits with 1
+            print(code, file=sys.stderr)
+            status = 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return status
+
+
+def run_verify(argv: List[str], steps: int = 8, warmup: int = 1, file=None) -> int:
+    """``torchspeed doctor --verify``: runs the script's first ``steps`` steps as it is, then
+    again with each fix its findings call for (verify.py), and prints each fix's measured gain
+    beside the estimate and the loss drift. The script's stdout during these runs is dropped
+    (it runs several times); returns 0, or the baseline run's exit status when it fails."""
+    import io
+
+    from .verify import format_rows, losses_recorded, verify
+
+    argv = check_command(argv)
+    stream = file or sys.stdout
+    failed = []
+
+    def run_steps(ctx):
+        losses: List[float] = []
+        with ctx, losses_recorded(losses), contextlib.redirect_stdout(io.StringIO()):
+            with doctor(
+                steps=steps, out=None, progress=False, file=io.StringIO(), warmup=warmup
+            ) as prof:
+                code = _execute(argv)
+                if code:
+                    failed.append(code)
+        s = prof.summary(gather=False)
+        return s.step_median_s, losses, prof.advice(s), s.phases["data_wait"].median_s
+
+    rows = verify(run_steps)
+    if failed:
+        print(f"torchspeed doctor --verify: the script exited with {failed[0]}", file=stream)
+        return failed[0]
+    print(format_rows(rows, steps), file=stream, flush=True)
+    return 0

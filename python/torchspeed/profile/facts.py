@@ -39,8 +39,14 @@ def _share(summary: Any, phase: str) -> float:
 
 
 def _phase_s(summary: Any, phase: str) -> float:
-    """The phase's time in a median step: share x step_median_s (shares sum to 1, medians don't)."""
-    return _share(summary, phase) * _step_s(summary)
+    """The phase's median time, the number the summary table prints beside it (so an estimate
+    quotes the table's statistic); share x step_median_s when the median is unknown."""
+    phases = getattr(summary, "phases", None)
+    stat = phases.get(phase) if isinstance(phases, dict) else None
+    median = _num(getattr(stat, "median_s", None), -1.0)
+    if median < 0:
+        return _share(summary, phase) * _step_s(summary)
+    return min(median, _step_s(summary))
 
 
 def _counter(facts: Any, key: str) -> int:

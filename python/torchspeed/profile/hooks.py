@@ -2,15 +2,16 @@
 phases from module forwards, autograd backward, optimizer steps, DataLoader iterators,
 host-to-device copies and torch.distributed collectives, plus the facts the lints read.
 
-Module hooks are global only for the first DISCOVERY_STEPS steps: a global hook makes every
-module call take torch's slow path, so after discovery the forward phase is timed by hooks on the
-outermost modules found (the models) alone.
+Module hooks are torch's global ones for the whole run (hooks on the user's modules would travel
+with the model into pickle, deepcopy and torch.save); the per-call counters of the first
+DISCOVERY_STEPS steps are left off after them.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from .. import _C
 from . import ranges as _ranges
+from .attribution import ModuleSampler
 from .summary import RunFacts
 
 _P = _C.profile
@@ -26,6 +28,11 @@ _IDS = {p: _ranges.PHASE_IDS[p] for p in _ranges.PHASE_IDS}
 _NAMES = {p: _P.intern(f"torch.{p}") for p in _IDS}
 
 DISCOVERY_STEPS = 3
+_COMPILE_HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+# step_on="auto": boundaries of one kind seen before a loop without an optimizer step is taken
+# for a backward-driven (or forward-only) one; more micro-batches than this per optimizer step
+# are first taken for steps, until the optimizer steps (then those steps are left out).
+CONFIRM_STEPS = 4
 _COLLECTIVES = (
     "all_reduce",
     "all_gather",
@@ -104,7 +111,13 @@ def _shapes(args: tuple) -> tuple:
 
 
 class TorchHooks:
-    """Installs the hooks for one StepProfiler; ``remove()`` restores everything it patched."""
+    """Installs the hooks for one StepProfiler; ``remove()`` restores everything it patched.
+
+    Nothing is attached to the user's objects: module hooks are torch's global ones and the rest
+    patch torch's classes, so a model pickles, deep-copies, saves and compiles as without the
+    profiler. An error inside a hook is the profiler's, not the script's: it is reported once
+    on stderr, the profiler stops, and the script runs on.
+    """
 
     def __init__(self, profiler):
         self.prof = profiler
@@ -124,10 +137,23 @@ class TorchHooks:
         self.opt_depth = 0
         self._in_opt_post = False
         self._handles: List[Any] = []
-        self._root_handles: Dict[int, List[Any]] = {}
+        self._opt_handles: List[Any] = []
         self._patches: List[tuple] = []
         self._fwd_t0 = 0
         self._in_backward = 0
+        self.failed: Optional[str] = None
+        self._warning_filter: Optional[tuple] = None
+        # Step detection for step_on="auto" (loops without an optimizer step): see _candidate().
+        self.step_source: Optional[str] = None  # "optimizer", "backward" or "forward"
+        self.backward_calls = 0
+        self._bwd_since_candidate = False
+        self._candidates = 0
+        self._fwd_only = 0
+        self._root_fwd_done = False
+        self.closure_forwards = 0  # root forwards inside an optimizer step (LBFGS closures)
+        self.steps_switched_at = 0  # the step at which a later optimizer step took over
+        # Sampled attribution: per-module forward time of the sampled steps (see attribution.py).
+        self.module_sampler = ModuleSampler() if getattr(profiler, "attribute", False) else None
 
     def _count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -135,9 +161,59 @@ class TorchHooks:
     def _mine(self) -> bool:
         return threading.get_ident() == self.thread
 
+    def _internal_error(self, where: str, e: BaseException) -> None:
+        """An error in the profiler's own code: said once, profiling stops, the script runs on."""
+        if self.failed is None:
+            self.failed = f"{where}: {type(e).__name__}: {e}"
+            print(
+                f"torchspeed: internal error in the profiler ({self.failed}); profiling stopped, "
+                "the script runs on",
+                file=sys.stderr,
+                flush=True,
+            )
+        try:
+            self.prof.stop()
+        except Exception:  # noqa: BLE001 (stopping is best effort here; hooks go below)
+            pass
+        self.remove()
+
+    # ---- step detection without an optimizer step -----------------------------------------
+    def _candidate(self, at_forward: bool) -> None:
+        """A possible step boundary: the start of a root forward, or of a batch fetch. In
+        step_on="auto" mode, before any optimizer step is seen: after a backward, a boundary of
+        a backward-driven loop (manual SGD update); a root forward after a root forward with no
+        backward between, a boundary of a forward-only loop. A mode is taken after CONFIRM such
+        boundaries (the iterations before it make up the first step, left out as warmup), so a
+        loop that accumulates gradients over a few micro-batches before its optimizer step is not
+        taken for a backward-driven one."""
+        if self.prof.step_on != "auto" or self.opt_depth > 0 or self.step_source == "optimizer":
+            return
+        if self._bwd_since_candidate:
+            self._bwd_since_candidate = False
+            self._root_fwd_done = False
+            if self.step_source == "backward":
+                self.prof.step()
+            elif self.step_source is None:
+                self._candidates += 1
+                if self._candidates >= CONFIRM_STEPS:
+                    self.step_source = "backward"
+                    self.prof.step()
+        elif at_forward and self._root_fwd_done and self.backward_calls == 0:
+            self._root_fwd_done = False
+            if self.step_source == "forward":
+                self.prof.step()
+            elif self.step_source is None:
+                self._fwd_only += 1
+                if self._fwd_only >= CONFIRM_STEPS:
+                    self.step_source = "forward"
+                    self.prof.step()
+
     # ---- forward --------------------------------------------------------------------------
     def _root_enter(self, module: nn.Module, args: tuple) -> None:
+        self._candidate(at_forward=True)
         self.models.add(module)
+        if self.opt_depth > 0:
+            self.closure_forwards += 1
         if not module.training and torch.is_grad_enabled():
             self._count("eval_forward_with_grad")
         if _autocast_on():
@@ -149,59 +225,50 @@ class TorchHooks:
 
     def _root_exit(self) -> None:
         _ranges._exit(_NAMES["forward"], _IDS["forward"])
+        self._root_fwd_done = True
         if self.discovery:
             self.fwd_host_ns += _P.now_ns() - self._fwd_t0
 
+    # Global hooks, never hooks on the user's modules (those would travel with the model into
+    # pickle, deepcopy and torch.save). Under torch.compile, dynamo traces the hooks: they return
+    # at once there (is_compiling() is a constant to dynamo), so no graph breaks.
     def _global_pre(self, module: nn.Module, args: tuple) -> None:
-        if not self._mine():
+        if torch.compiler.is_compiling() or not self._mine():
             return
-        if self.discovery:
-            self._count("module_calls")
-            self.fwd_calls_in_discovery += 1
-            if (
-                isinstance(module, nn.Conv2d)
-                and args
-                and isinstance(args[0], torch.Tensor)
-                and args[0].dim() == 4
-                and args[0].is_cuda
-                and not args[0].is_contiguous(memory_format=torch.channels_last)
-            ):
-                self._count("conv_input_not_channels_last")
-        if self.depth == 0 and id(module) not in self._root_handles:
-            self._root_enter(module, args)
-        self.depth += 1
+        try:
+            if self.discovery:
+                self._count("module_calls")
+                self.fwd_calls_in_discovery += 1
+                if (
+                    isinstance(module, nn.Conv2d)
+                    and args
+                    and isinstance(args[0], torch.Tensor)
+                    and args[0].dim() == 4
+                    and args[0].is_cuda
+                    and not args[0].is_contiguous(memory_format=torch.channels_last)
+                ):
+                    self._count("conv_input_not_channels_last")
+            if self.depth == 0:
+                self._root_enter(module, args)
+            self.depth += 1
+            if self.module_sampler is not None:
+                self.module_sampler.enter(module)
+        except Exception as e:  # noqa: BLE001 (the profiler's error, not the script's)
+            self._internal_error("a module forward pre-hook", e)
 
     def _global_post(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if not self._mine() or self.depth <= 0:
+        if torch.compiler.is_compiling() or not self._mine() or self.depth <= 0:
             return
-        self.depth -= 1
-        if self.depth == 0 and id(module) not in self._root_handles:
-            self._root_exit()
-            if self.discovery and self.steps_seen >= DISCOVERY_STEPS:
-                self._end_discovery()  # deferred from on_step(): that step ended mid-forward
-
-    def _root_pre(self, module: nn.Module, args: tuple) -> None:
-        if self._mine() and self.depth == 0:
-            self._root_enter(module, args)
-            self.depth = -1  # marks "inside a root's forward" after discovery
-
-    def _root_post(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if self._mine() and self.depth == -1:
-            self.depth = 0
-            self._root_exit()
-
-    def _end_discovery(self) -> None:
-        """Global module hooks off; the roots (models) seen keep their own pair."""
-        self.discovery = False
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        for m in self.models.items():
-            self._root_handles[id(m)] = [
-                m.register_forward_pre_hook(self._root_pre),
-                m.register_forward_hook(self._root_post, always_call=True),
-            ]
-        self.depth = 0
+        try:
+            if self.module_sampler is not None:
+                self.module_sampler.exit(module)
+            self.depth -= 1
+            if self.depth == 0:
+                self._root_exit()
+                if self.discovery and self.steps_seen >= DISCOVERY_STEPS:
+                    self.discovery = False  # deferred from on_step(): that step ended mid-forward
+        except Exception as e:  # noqa: BLE001
+            self._internal_error("a module forward hook", e)
 
     # ---- optimizer --------------------------------------------------------------------------
     # torch wraps step() of every optimizer class it has instantiated, so a subclass whose step
@@ -209,31 +276,42 @@ class TorchHooks:
     def _opt_pre(self, opt, args, kwargs) -> None:
         if not self._mine():
             return
-        self.opt_depth += 1
-        if self.opt_depth > 1:
-            return
-        self.optimizers.add(opt)
-        if self.primary_opt is None:
-            self.primary_opt = weakref.ref(opt)
-        _ranges._enter(_NAMES["optimizer"], _IDS["optimizer"])
+        try:
+            self.opt_depth += 1
+            if self.opt_depth > 1:
+                return
+            self.optimizers.add(opt)
+            if self.primary_opt is None:
+                self.primary_opt = weakref.ref(opt)
+            _ranges._enter(_NAMES["optimizer"], _IDS["optimizer"])
+        except Exception as e:  # noqa: BLE001
+            self._internal_error("an optimizer step pre-hook", e)
 
     def _opt_post(self, opt, args, kwargs) -> None:
         if not self._mine() or self.opt_depth == 0:
             return
-        self.opt_depth -= 1
-        if self.opt_depth > 0:
+        try:
+            self.opt_depth -= 1
+            if self.opt_depth > 0:
+                return
+            _ranges._exit(_NAMES["optimizer"], _IDS["optimizer"])
+            primary = self.primary_opt is not None and self.primary_opt() is opt
+            if not primary or self.prof.step_on not in ("optimizer", "auto"):
+                return
+            if self.step_source != "optimizer":
+                # The first optimizer step: it ends the steps from now on. Steps a backward-
+                # driven guess recorded before (a long accumulation) are left out of the summary.
+                if self.step_source is not None:
+                    self.steps_switched_at = self.prof.steps_taken + 1
+                self.step_source = "optimizer"
+        except Exception as e:  # noqa: BLE001
+            self._internal_error("an optimizer step hook", e)
             return
-        _ranges._exit(_NAMES["optimizer"], _IDS["optimizer"])
-        if (
-            self.prof.step_on == "optimizer"
-            and self.primary_opt is not None
-            and self.primary_opt() is opt
-        ):
-            self._in_opt_post = True
-            try:
-                self.prof.step()
-            finally:
-                self._in_opt_post = False
+        self._in_opt_post = True
+        try:
+            self.prof.step()
+        finally:
+            self._in_opt_post = False
 
     # ---- patches ----------------------------------------------------------------------------
     def _patch(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
@@ -245,20 +323,21 @@ class TorchHooks:
         self._patches.append((owner, name, orig))
 
     def _phase_wrapper(
-        self, phase: str, orig: Callable, before: Optional[Callable] = None
+        self, phase: str, orig: Callable, after: Optional[Callable[[], None]] = None
     ) -> Callable:
         nid, pid, hooks = _NAMES[phase], _IDS[phase], self
 
         def wrapper(*args, **kwargs):
             if not hooks._mine():
                 return orig(*args, **kwargs)
-            if before is not None:
-                before(*args, **kwargs)
             _ranges._enter(nid, pid)
             try:
-                return orig(*args, **kwargs)
+                out = orig(*args, **kwargs)
             finally:
                 _ranges._exit(nid, pid)
+            if after is not None:
+                after()
+            return out
 
         wrapper.__wrapped__ = orig
         wrapper.__name__ = getattr(orig, "__name__", "wrapper")
@@ -267,7 +346,16 @@ class TorchHooks:
 
     def _install_patches(self) -> None:
         hooks = self
-        self._patch(torch.autograd, "backward", lambda orig: self._phase_wrapper("backward", orig))
+
+        def backward_done() -> None:
+            hooks.backward_calls += 1
+            hooks._bwd_since_candidate = True
+
+        self._patch(
+            torch.autograd,
+            "backward",
+            lambda orig: self._phase_wrapper("backward", orig, after=backward_done),
+        )
 
         # DataLoader: its iterator's __next__ is the data wait; the batch size counts samples.
         from torch.utils.data import dataloader as dl
@@ -278,6 +366,10 @@ class TorchHooks:
             def __next__(it):
                 if not hooks._mine():
                     return orig(it)
+                try:
+                    hooks._candidate(at_forward=False)
+                except Exception as e:  # noqa: BLE001 (the profiler's error, not the script's)
+                    hooks._internal_error("the DataLoader hook", e)
                 _ranges._enter(nid, pid)
                 try:
                     batch = orig(it)
@@ -307,6 +399,17 @@ class TorchHooks:
 
             return zero_grad
 
+        def make_clip(orig):
+            def clip_grad_norm_(*args, **kwargs):
+                if hooks._mine():
+                    hooks._count("clip_grad_norm")
+                return orig(*args, **kwargs)
+
+            clip_grad_norm_.__wrapped__ = orig
+            clip_grad_norm_.__doc__ = orig.__doc__
+            return clip_grad_norm_
+
+        self._patch(torch.nn.utils, "clip_grad_norm_", make_clip)
         self._patch(torch.optim.Optimizer, "zero_grad", make_zero_grad)
         self._patch(nn.Module, "zero_grad", make_zero_grad)
 
@@ -402,21 +505,32 @@ class TorchHooks:
             om.register_optimizer_step_post_hook(self._opt_post),
         ]
         self._install_patches()
+        # torch.compile warns the user about global module hooks (they fire once more, for the
+        # compiled wrapper): those are the doctor's, and it counts that call as the model's.
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOKS_WARNING, category=UserWarning)
+        self._warning_filter = warnings.filters[0]
         _active_hooks.append(self)
 
     def remove(self) -> None:
         for h in self._handles + self._opt_handles:
             h.remove()
-        for hs in self._root_handles.values():
-            for h in hs:
-                h.remove()
-        self._handles, self._opt_handles, self._root_handles = [], [], {}
+        self._handles, self._opt_handles = [], []
+        if self.module_sampler is not None:
+            try:
+                self.module_sampler.close()
+            except Exception as e:  # noqa: BLE001 (its results are lost, nothing else)
+                print(f"torchspeed: torch.profiler did not stop cleanly ({e})", file=sys.stderr)
         for owner, name, orig in reversed(self._patches):
             if orig is None:
                 delattr(owner, name)
             else:
                 setattr(owner, name, orig)
         self._patches = []
+        if self._warning_filter is not None:
+            if self._warning_filter in warnings.filters:
+                warnings.filters.remove(self._warning_filter)
+                warnings._filters_mutated()
+            self._warning_filter = None
         if self in _active_hooks:
             _active_hooks.remove(self)
 
@@ -427,12 +541,23 @@ class TorchHooks:
             for _ in range(self.opt_depth):
                 _ranges._exit(_NAMES["optimizer"], _IDS["optimizer"])
             self.opt_depth = 0
-        # Not inside a forward (an optimizer stepped from a module's forward): the global post
-        # hook that closes that forward must stay until it has run.
+        # Not inside a forward (an optimizer stepped from a module's forward): the forward's
+        # post hook ends discovery then.
         if self.discovery and self.steps_seen >= DISCOVERY_STEPS and self.depth == 0:
-            self._end_discovery()
+            self.discovery = False
+        if self.module_sampler is not None:
+            self.module_sampler.on_step(self.steps_seen)
 
     # ---- facts ------------------------------------------------------------------------------
+    def _attribution(self, models: List[Any]):
+        if self.module_sampler is None:
+            return None
+        try:
+            return self.module_sampler.result(tuple(models))
+        except Exception as e:  # noqa: BLE001 (the profiler's error: no attribution then)
+            print(f"torchspeed: no module attribution ({type(e).__name__}: {e})", file=sys.stderr)
+            return None
+
     def facts(self) -> RunFacts:
         models = self.models.items()
         device_type = "cpu"
@@ -481,6 +606,9 @@ class TorchHooks:
             peak_memory_bytes=peak,
             total_memory_bytes=total,
             host_s_per_module_call=per_call,
+            step_source=self.step_source or ("manual" if self.prof.step_on is None else ""),
+            closure_forwards_per_step=self.closure_forwards / max(self.steps_seen, 1),
+            attribution=self._attribution(models),
         )
 
 

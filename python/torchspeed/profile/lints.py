@@ -18,10 +18,12 @@ from torch import nn
 from .facts import (
     _counter,
     _cuda,
+    _list,
     _loaders,
     _models,
     _modules_of,
     _num,
+    _optimizer_kind,
     _pct,
     _per_step,
 )
@@ -156,6 +158,20 @@ def _lint_counters(facts: Any) -> List[Finding]:
                 f"forwards of eval() modules with grad enabled: {_per_step(facts, n)}",
                 "wrap evaluation in torch.inference_mode() (or torch.no_grad()): no autograd "
                 "graph, no saved activations",
+            )
+        )
+    n = _counter(facts, "clip_grad_norm")
+    if n and not any(_optimizer_kind(o) == "torchspeed" for o in _list(facts, "optimizers")):
+        out.append(
+            _lint(
+                "clip_into_optimizer",
+                "info",
+                f"torch.nn.utils.clip_grad_norm_ calls: {_per_step(facts, n)}",
+                "torchspeed.optim.<SGD|Adam|AdamW|...>(params, ..., max_grad_norm=<max_norm>) "
+                "folds the clip into the fused step: the norm is taken in the step's own pass "
+                "over the gradients (after AMP unscaling) instead of a separate one",
+                "One param group: the same clip as clip_grad_norm_ over its parameters; with "
+                "several groups max_grad_norm clips each group's norm.",
             )
         )
     n = _counter(facts, "tensor_from_ndarray")

@@ -203,6 +203,29 @@ def _samples_known(history: StepHistory) -> bool:
     return len(history.samples) == len(history) and all(x > 0 for x in history.samples)
 
 
+def describe_step_source(facts) -> str:
+    """One line saying what ended each step (RunFacts.step_source), or "" when unknown."""
+    source = getattr(facts, "step_source", "")
+    closures = float(getattr(facts, "closure_forwards_per_step", 0.0) or 0.0)
+    if source == "optimizer":
+        names = sorted({type(o).__name__ for o in getattr(facts, "optimizers", []) or []})
+        line = f"steps: each {'/'.join(names) or 'optimizer'}.step() ended a step"
+        if closures >= 1:
+            line += f" ({closures:.1f} forwards of the model per step in its closure)"
+        return line
+    if source == "backward":
+        return (
+            "steps: no optimizer step was seen; each forward (or batch fetch) after a backward "
+            "ended a step (a loop that updates the weights itself)"
+        )
+    if source == "forward":
+        return (
+            "steps: no optimizer step and no backward were seen; each forward of the top module "
+            "ended a step"
+        )
+    return ""
+
+
 def _png_path(path) -> str:
     """The file write_png writes: matplotlib adds ``.png`` to a name without a suffix, so that
     is the path returned; "" and folders (which matplotlib turns into ``.png``/``<dir>.png``)

@@ -64,6 +64,17 @@ STRAGGLER_CRITICAL_RATIO = 1.25
 # plugin advised a bigger batch too, from low GPU utilization.
 BATCH_MEMORY_FRACTION = 0.25
 
+# Contention: a p90 step this many times the median means steps are uneven: other processes take
+# the cores, or a periodic stall (GC, a checkpoint, an eval). 2x is our choice (a steady loop on
+# an idle machine stays within ~1.2x); 4x is critical. The load from other processes is the
+# 1-minute load average against the cores this process may use.
+CONTENTION_RATIO = 2.0
+CONTENTION_CRITICAL_RATIO = 4.0
+# A module whose own forward time is at least this share of the forward (sampled steps) is named
+# (the dominant layer) when forward+backward are a large part of the step (AMP_MIN_COMPUTE_SHARE);
+# below it no single layer is worth a targeted fix. Our choice.
+DOMINANT_LAYER_SHARE = 0.4
+
 # ---- promises: what each fix is assumed to do to its phase (the estimate's arithmetic) --------
 # Prefetching workers leave 10 % of the data wait: the loader runs ahead and the step waits only
 # for the occasional late batch. Planning figure (project brief), not measured in this repo;
@@ -479,13 +490,113 @@ def _straggler(summary: Any) -> List[Finding]:
     return [_estimated("straggler", sev, title, fix, detail, _step_s(summary), saved)]
 
 
+def _load() -> Tuple[Optional[float], int]:
+    """The 1-minute load average (None when unknown) and the cores this process may use."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        return os.getloadavg()[0], cores
+    except (AttributeError, OSError):
+        return None, cores
+
+
+def _contention(summary: Any, facts: Any) -> List[Finding]:
+    """p90 step / median step above CONTENTION_RATIO: the steps are uneven."""
+    step, p90 = _step_s(summary), max(_num(getattr(summary, "step_p90_s", 0.0)), 0.0)
+    if step <= 0 or p90 < CONTENTION_RATIO * step or p90 - step < MIN_PHASE_S:
+        return []
+    ratio = p90 / step
+    load, cores = _load()
+    sev = "critical" if ratio >= CONTENTION_CRITICAL_RATIO else "warning"
+    title = f"uneven steps: the p90 step is {ratio:.1f}x the median ({_ms(p90)} vs {_ms(step)})"
+    busy = ""
+    if load is not None:
+        busy = f" The load average is {load:.1f} on {cores} cores"
+        busy += (
+            ": other processes compete for them."
+            if load > cores
+            else ", so the stall is more "
+            "likely in the loop itself (a periodic eval, checkpoint, GC or a data hiccup)."
+        )
+    fix = (
+        "run on an otherwise idle machine, or keep torch's threads (torch.set_num_threads) "
+        "within the cores left free; look in the trace for what the slow steps do"
+    )
+    detail = f"The table's medians describe the typical step; a tenth of the steps take {_ms(p90)} or more.{busy}"
+    # No estimate: what the slow steps wait for is not known from the times alone.
+    return [_estimated("contention", sev, title, fix, detail, step, None)]
+
+
+def _layer_fix(m: Any, cuda: bool) -> str:
+    t = getattr(m, "type", "")
+    amp = f'torch.autocast("{"cuda" if cuda else "cpu"}", dtype=torch.bfloat16)'
+    if t == "Linear":
+        return (
+            f"{amp} around it (or the whole forward); for a large output layer before a softmax, "
+            "a smaller vocabulary or nn.AdaptiveLogSoftmaxWithLoss"
+        )
+    if t.startswith("Conv"):
+        return f"channels_last (model.to(memory_format=torch.channels_last)) and {amp}"
+    if t in ("LSTM", "GRU", "RNN"):
+        return f"{amp}; fewer layers or a smaller hidden size; on CUDA cuDNN's fused kernels"
+    if t in ("MultiheadAttention",):
+        return "torch.nn.functional.scaled_dot_product_attention (fused kernels) and " + amp
+    return f"{amp}, or a cheaper form of this layer"
+
+
+def _dominant_layer(summary: Any, facts: Any) -> List[Finding]:
+    """The module whose own forward time is the largest share of the sampled steps."""
+    att = getattr(facts, "attribution", None)
+    top = att.dominant() if att is not None and hasattr(att, "dominant") else None
+    if top is None or _num(getattr(top, "share", 0.0)) < DOMINANT_LAYER_SHARE:
+        return []
+    compute, t = _compute(summary)
+    if compute < AMP_MIN_COMPUTE_SHARE:
+        return []
+    title = (
+        f"{top.name} ({top.detail or top.type}) is {_pct(top.share)} of the forward time, "
+        f"and forward+backward are {_pct(compute)} of the step ({_ms(t)})"
+    )
+    ops = list(getattr(att, "ops", []) or [])[:3]
+    detail = "Sampled steps: module forwards timed by the hooks."
+    if ops:
+        detail += (
+            " Top operators in one step (forward and backward): "
+            + "; ".join(f"{o.name} {o.shapes} {_pct(o.share)}" for o in ops)
+            + "."
+        )
+    return [
+        _estimated(
+            "dominant_layer",
+            "warning",
+            title,
+            _layer_fix(top, _cuda(facts)),
+            detail,
+            _step_s(summary),
+            None,
+        )
+    ]
+
+
 def _breakdown(summary: Any, facts: Any) -> List[Finding]:
     if summary is None:
         return []
     facts = facts if facts is not None else RunFacts()
     out: List[Finding] = []
     if _step_s(summary) > 0 and int(_num(getattr(summary, "steps", 0))) > 0:
-        for rule in (_data_wait, _optimizer, _h2d, _comm, _amp, _cudnn_benchmark, _launch_bound):
+        for rule in (
+            _data_wait,
+            _optimizer,
+            _h2d,
+            _comm,
+            _amp,
+            _cudnn_benchmark,
+            _launch_bound,
+            _contention,
+            _dominant_layer,
+        ):
             out += rule(summary, facts)
         out += _gpu_idle(summary, facts, out)
     out += _straggler(summary)

@@ -29,8 +29,14 @@ from . import ranges as _ranges
 from .advice import advise
 from .distributed import gather_summaries
 from .hooks import TorchHooks
-from .report import format_findings, format_summary, write_png, write_tensorboard
-from .summary import PHASES, RunFacts, StepHistory, StepSummary, summarize
+from .report import (
+    describe_step_source,
+    format_findings,
+    format_summary,
+    write_png,
+    write_tensorboard,
+)
+from .summary import PHASES, RunFacts, StepHistory, StepSummary, summarize, without_steps
 
 _P = _C.profile
 
@@ -138,12 +144,18 @@ class StepProfiler:
             autograd backward, host-to-device copies, torch.distributed collectives) so plain torch
             code is covered; they also collect the facts the doctor's lints read.
         step_on: "optimizer" makes each step of the first optimizer that steps end a profiler
-            step (what ``torchspeed doctor`` uses); None (default) means you call ``step()``.
+            step; "auto" (what ``torchspeed doctor`` uses, needs ``hooks=True``) does too, and
+            in a loop with no optimizer step (a manual SGD update, a forward-only loop) the first
+            forward or batch fetch after a backward (else each forward of the top module) ends
+            one; None (default) means you call ``step()``.
         device: "cuda" (CUDA-event timeline), "cpu" (host clock) or None: cuda when a GPU is
             available.
         history_steps: the newest steps kept (memory does not grow with the run).
         warmup: steps left out of ``summary()`` (the first steps compile, allocate, warm caches).
         nvtx: mirror every range into NVTX for Nsight Systems (CUDA builds).
+        attribute: with hooks, time each module's forward in two sampled steps and record the
+            next step's operators with torch.profiler: the report names the dominant layers
+            and operators (what the doctor does).
     """
 
     def __init__(
@@ -155,10 +167,15 @@ class StepProfiler:
         history_steps: int = 16384,
         warmup: int = 1,
         nvtx: bool = False,
+        attribute: bool = False,
     ):
         name = "torchspeed.profile.StepProfiler"
-        if step_on not in (None, "optimizer"):
-            raise ValueError(f"{name}: step_on must be None or 'optimizer', got {step_on!r}")
+        if step_on not in (None, "optimizer", "auto"):
+            raise ValueError(
+                f"{name}: step_on must be None, 'optimizer' or 'auto', got {step_on!r}"
+            )
+        if step_on == "auto" and not hooks:
+            raise ValueError(f"{name}: step_on='auto' needs hooks=True")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device not in ("cpu", "cuda"):
@@ -178,6 +195,7 @@ class StepProfiler:
         self._hooks = None
         self._want_hooks = hooks
         self._nvtx = nvtx
+        self.attribute = bool(attribute)
         self._thread: Optional[int] = None
         self._state = "new"  # "new" -> "running" -> "stopped"; a profiler runs once
         self.steps_taken = 0  # step() calls (CUDA steps are in history() once their events resolve)
@@ -300,7 +318,15 @@ class StepProfiler:
         """Median/p90/share per phase over the kept steps after ``warmup``. In a distributed run
         (torch.distributed initialized) with ``gather``, every rank must call it: rank 0's summary
         then lists every rank's (``ranks``)."""
-        s = summarize(self.history(), skip_first=self.warmup)
+        skip = self.warmup
+        if self._hooks is not None and self._hooks.steps_switched_at:
+            # Steps a backward-driven guess recorded before the first optimizer step.
+            skip = max(skip, self._hooks.steps_switched_at)
+        history = self.history()
+        if self._hooks is not None and self._hooks.module_sampler is not None:
+            # The step torch.profiler recorded runs several times slower: not a typical step.
+            history = without_steps(history, self._hooks.module_sampler.perturbed_steps())
+        s = summarize(history, skip_first=skip)
         s.dropped_events = int(_P.dropped_events())
         if gather:
             gather_summaries(s)
@@ -318,7 +344,14 @@ class StepProfiler:
     def report(self, summary: Optional[StepSummary] = None) -> str:
         """The summary table and the ranked advice, as printed at the end of ``torchspeed doctor``."""
         s = summary if summary is not None else self.summary()
-        return format_summary(s) + "\n\n" + format_findings(self.advice(s))
+        facts = self.facts()
+        text = format_summary(s)
+        source = describe_step_source(facts)
+        if source:
+            text += "\n" + source
+        if facts.attribution is not None:
+            text += "\n\n" + facts.attribution.format()
+        return text + "\n\n" + format_findings(advise(s, facts))
 
     def export_chrome_trace(self, path: str) -> str:
         """Chrome trace JSON of every thread's ranges plus this profiler's steps (Perfetto)."""

@@ -81,6 +81,23 @@ def _quantile(sorted_values: List[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def without_steps(history: StepHistory, steps) -> StepHistory:
+    """The history without the given steps (numbered from the run's first, as steps_dropped
+    counts them): steps a sampler perturbed. Unchanged when that would leave none."""
+    drop = {i - history.steps_dropped for i in steps}
+    keep = [i for i in range(len(history)) if i not in drop]
+    if not keep or len(keep) == len(history):
+        return history
+    return StepHistory(
+        step_ns=[history.step_ns[i] for i in keep],
+        phase_ns={p: [v[i] for i in keep] for p, v in history.phase_ns.items()},
+        end_ns=[history.end_ns[i] for i in keep],
+        samples=[history.samples[i] for i in keep],
+        clock=history.clock,
+        steps_dropped=history.steps_dropped,
+    )
+
+
 def summarize(history: StepHistory, skip_first: int = 0) -> StepSummary:
     """Median, p90, mean and share of each phase over the history's steps (after ``skip_first``)."""
     n = len(history)
@@ -146,6 +163,7 @@ class RunFacts:
     #:   eval_forward_with_grad  forwards of a module in eval() mode with grad enabled
     #:   conv_input_not_channels_last  4-D inputs to a Conv2d on CUDA not in channels_last
     #:   module_calls        forward calls of any module (per step: divide by steps)
+    #:   clip_grad_norm      torch.nn.utils.clip_grad_norm_ calls
     counters: Dict[str, int] = field(default_factory=dict)
     #: Steps profiled (to turn counters into per-step rates).
     steps: int = 0
@@ -156,6 +174,14 @@ class RunFacts:
     total_memory_bytes: Optional[int] = None
     #: Median host time per module call, seconds (launch-bound detection on GPU).
     host_s_per_module_call: Optional[float] = None
+    #: What ended each step: "optimizer" (the first optimizer's step()), "backward" (no optimizer
+    #: step seen: the first forward or batch fetch after a backward), "forward" (no backward
+    #: either: each forward of the top module), "manual" (StepProfiler.step()), "" (unknown).
+    step_source: str = ""
+    #: Forwards of the model inside optimizer steps, per step (an LBFGS closure: > 1).
+    closure_forwards_per_step: float = 0.0
+    #: The modules and operators that took the most time in the sampled steps (Attribution).
+    attribution: Optional[Any] = None
 
 
 @dataclass

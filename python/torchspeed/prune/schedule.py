@@ -13,8 +13,13 @@ Between pruning steps the optimizer (``optimizer=``) keeps the pruned weights at
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Dict, Optional
+
+from .api import _check_nm, global_unstructured, l1_unstructured, ln_structured, nm_sparse
+from .mask import _param, _targets
+from .optimizer_masks import _check_optimizer
 
 _METHODS = ("unstructured", "global", "structured", "nm")
 
@@ -23,6 +28,18 @@ def cubic_sparsity(
     step: int, initial: float, final: float, start_step: int, end_step: int
 ) -> Optional[float]:
     """The scheduled sparsity at ``step`` (None before ``start_step``; ``final`` after the end)."""
+    for label, v in (("step", step), ("start_step", start_step), ("end_step", end_step)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"torchspeed.prune.cubic_sparsity: {label} must be an int, got {v!r}")
+    for label, v in (("initial", initial), ("final", final)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(
+                f"torchspeed.prune.cubic_sparsity: {label} must be a float in [0, 1], got {v!r}"
+            )
+        if not 0.0 <= float(v) <= 1.0:
+            raise ValueError(
+                f"torchspeed.prune.cubic_sparsity: {label} must be in [0, 1], got {v!r}"
+            )
     if step < start_step:
         return None
     if end_step <= start_step or step >= end_step:
@@ -56,45 +73,76 @@ class GradualPruner:
         m: int = 4,
         optimizer=None,
     ):
-        from . import _targets
-
+        where = "GradualPruner"
+        if not isinstance(method, str):
+            raise TypeError(f"torchspeed.prune.{where}: method must be a str, got {method!r}")
         if method not in _METHODS:
-            raise ValueError(f"torchspeed.prune.GradualPruner: method must be one of {_METHODS}")
-        if method == "nm":
-            from . import _check_nm
-
-            _check_nm(n, m, "GradualPruner")
-            implied = (m - n) / m
-            if final_sparsity is None:
-                final_sparsity = implied
-            elif isinstance(final_sparsity, bool) or abs(float(final_sparsity) - implied) > 1e-9:
-                raise ValueError(
-                    "torchspeed.prune.GradualPruner: with method='nm', final_sparsity must be "
-                    f"(m - n) / m = {implied} (or None), got {final_sparsity!r}"
-                )
-        if final_sparsity is None:
-            raise ValueError("torchspeed.prune.GradualPruner: final_sparsity is required")
+            raise ValueError(
+                f"torchspeed.prune.{where}: method must be one of {_METHODS}, got {method!r}"
+            )
         for label, v in (
             ("final_sparsity", final_sparsity),
             ("initial_sparsity", initial_sparsity),
         ):
-            if not (0.0 <= float(v) <= 1.0):
-                raise ValueError(
-                    f"torchspeed.prune.GradualPruner: {label} must be in [0, 1], got {v}"
+            if v is None and label == "final_sparsity":
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(
+                    f"torchspeed.prune.{where}: {label} must be a float in [0, 1], got {v!r}"
                 )
-        if initial_sparsity > final_sparsity:
-            raise ValueError("torchspeed.prune.GradualPruner: initial_sparsity > final_sparsity")
-        if frequency < 1 or start_step < 0 or end_step < start_step:
+            if not (0.0 <= float(v) <= 1.0):
+                raise ValueError(f"torchspeed.prune.{where}: {label} must be in [0, 1], got {v!r}")
+        for label, v in (
+            ("start_step", start_step),
+            ("end_step", end_step),
+            ("frequency", frequency),
+        ):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"torchspeed.prune.{where}: {label} must be an int, got {v!r}")
+        if frequency < 1:
+            raise ValueError(f"torchspeed.prune.{where}: frequency must be >= 1, got {frequency}")
+        if start_step < 0:
+            raise ValueError(f"torchspeed.prune.{where}: start_step must be >= 0, got {start_step}")
+        if end_step < start_step:
             raise ValueError(
-                "torchspeed.prune.GradualPruner: need frequency >= 1 and 0 <= start_step <= "
-                f"end_step, got frequency={frequency}, start_step={start_step}, end_step={end_step}"
+                f"torchspeed.prune.{where}: end_step must be >= start_step ({start_step}), got "
+                f"{end_step}"
             )
-        self.targets = _targets(model_or_params)
+        if method == "nm":
+            _check_nm(n, m, where)
+            implied = (m - n) / m
+            if final_sparsity is None:
+                final_sparsity = implied
+            elif abs(float(final_sparsity) - implied) > 1e-9:
+                raise ValueError(
+                    f"torchspeed.prune.{where}: with method='nm', final_sparsity must be "
+                    f"(m - n) / m = {implied} (or None), got {final_sparsity!r}"
+                )
+        if final_sparsity is None:
+            raise ValueError(f"torchspeed.prune.{where}: final_sparsity is required")
+        if initial_sparsity > final_sparsity:
+            raise ValueError(
+                f"torchspeed.prune.{where}: initial_sparsity ({initial_sparsity}) must be <= "
+                f"final_sparsity ({final_sparsity})"
+            )
+        self.targets = _targets(model_or_params, where)
         if not self.targets:
-            raise ValueError("torchspeed.prune.GradualPruner: nothing to prune")
+            raise ValueError(f"torchspeed.prune.{where}: nothing to prune")
+        # Every target is checked now, so that no step() fails part-way through the targets.
+        weights = [_param(mod, name) for mod, name in self.targets]
+        if method == "nm":
+            for (mod, name), w in zip(self.targets, weights):
+                row = math.prod(w.shape[1:]) if w.dim() > 1 else w.numel()
+                if row % m:
+                    raise ValueError(
+                        f"torchspeed.prune.{where}: the rows of {type(mod).__name__}.{name} "
+                        f"(shape {list(w.shape)}) have {row} elements, not a multiple of m = {m}"
+                    )
+        _check_optimizer(optimizer, weights)
         self.final_sparsity = float(final_sparsity)
         self.initial_sparsity = float(initial_sparsity)
-        self.start_step, self.end_step, self.frequency = int(start_step), int(end_step), frequency
+        self.start_step, self.end_step = int(start_step), int(end_step)
+        self.frequency = int(frequency)
         self.method, self.n, self.m = method, int(n), int(m)
         self.optimizer = optimizer
         self.step_count = 0  # steps taken; the next step() is step number step_count
@@ -113,16 +161,13 @@ class GradualPruner:
     def step(self) -> Optional[float]:
         """Advance one training step; prune when due. Returns the sparsity applied, or None."""
         t = self.step_count
-        self.step_count += 1
-        if not self._due(t):
-            return None
-        s = self.sparsity_at(t)
-        self.prune_to(s)
+        s = self.sparsity_at(t) if self._due(t) else None
+        if s is not None:
+            self.prune_to(s)  # an error leaves step_count as it was
+        self.step_count = t + 1
         return s
 
     def prune_to(self, s: float) -> None:
-        from . import global_unstructured, l1_unstructured, ln_structured, nm_sparse
-
         opt = self.optimizer
         if self.method == "unstructured":
             for mod, name in self.targets:
@@ -154,6 +199,11 @@ class GradualPruner:
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if not isinstance(state, dict):
+            raise TypeError(
+                f"torchspeed.prune.GradualPruner.load_state_dict: state must be a dict, got "
+                f"{type(state)}"
+            )
         for key in (
             "final_sparsity",
             "initial_sparsity",
@@ -169,19 +219,24 @@ class GradualPruner:
                     f"torchspeed.prune.GradualPruner.load_state_dict: {key} is {state[key]!r} in "
                     f"the state_dict, {getattr(self, key)!r} here"
                 )
-        if not isinstance(state, dict):
-            raise TypeError(
-                f"torchspeed.prune.GradualPruner.load_state_dict: state must be a dict, got "
-                f"{type(state)}"
-            )
         count = state.get("step_count")
         if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
             raise ValueError(
                 "torchspeed.prune.GradualPruner.load_state_dict: step_count must be an int >= 0, "
                 f"got {count!r}" + ("" if "step_count" in state else " (missing)")
             )
+        last = state.get("last_sparsity")
+        if last is not None and (
+            isinstance(last, bool)
+            or not isinstance(last, numbers.Real)
+            or not 0.0 <= float(last) <= 1.0
+        ):
+            raise ValueError(
+                "torchspeed.prune.GradualPruner.load_state_dict: last_sparsity must be None or a "
+                f"float in [0, 1], got {last!r}"
+            )
         self.step_count = int(count)
-        self.last_sparsity = state.get("last_sparsity")
+        self.last_sparsity = None if last is None else float(last)
 
     def __repr__(self) -> str:
         return (

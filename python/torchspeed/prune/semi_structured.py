@@ -38,6 +38,11 @@ def to_semi_structured(module: nn.Module) -> Dict[str, str]:
     """Replace the weight of every 2:4-sparse Linear in ``module`` by its semi-structured sparse
     form (an inference-only Parameter). Returns {qualified name: "converted" or the reason it
     was left dense}; nothing is changed for a module that cannot be converted."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            "torchspeed.prune.to_semi_structured: module must be an nn.Module, got "
+            f"{type(module).__name__}"
+        )
     report: Dict[str, str] = {}
     for qual, mod in module.named_modules():
         if not isinstance(mod, nn.Linear):

@@ -1,4 +1,5 @@
-"""int8 quantization: affine quantize / dequantize kernels and min-max quantization parameters.
+"""int8 quantization: affine quantize / dequantize kernels and min-max quantization parameters
+(re-exports only: each name lives in the module named beside it below).
 
     scale, zp = torchspeed.quant.choose_qparams(w, granularity="per_channel")   # symmetric
     q = torchspeed.quant.quantize_int8(w, scale, zp)        # int8, CPU SIMD or CUDA
@@ -17,151 +18,12 @@ Inference: ``Int8Linear`` / ``quantize_dynamic(model)`` (exact int8 GEMM on ever
 per-channel int8 weights packed once, per-row dynamic activations).
 """
 
-from __future__ import annotations
-
-from typing import Optional, Tuple
-
-import torch
-
-from torchspeed._native import native_op
-
-_GRANULARITIES = ("per_tensor", "per_channel", "per_group")
-
-
-def _op(name: str):
-    return native_op(name, "quant")
-
-
-def quantize_int8(
-    x: torch.Tensor, scale: torch.Tensor, zero_point: Optional[torch.Tensor] = None
-) -> torch.Tensor:
-    """``clamp(round_half_even(x * (1 / scale)) + zero_point, -128, 127)`` as int8.
-
-    x: contiguous float32, bfloat16 or float16 (computed in fp32: equal to torch's formula on
-    ``x.float()`` bit for bit). scale: float32 > 0, one element / [rows] / [rows, groups].
-    zero_point: int32 of scale's shape in [-128, 127], or None (symmetric). On CPU the values of
-    scale and zero_point are checked; on CUDA they stay on the device (no synchronisation)."""
-    return _op("quantize_int8")(x, scale, zero_point)
-
-
-def dequantize_int8(
-    q: torch.Tensor, scale: torch.Tensor, zero_point: Optional[torch.Tensor] = None
-) -> torch.Tensor:
-    """``(q - zero_point) * scale`` as float32, with quantize_int8's granularity rule."""
-    return _op("dequantize_int8")(q, scale, zero_point)
-
-
-def choose_qparams(
-    x: torch.Tensor,
-    granularity: str = "per_tensor",
-    group_size: int = 128,
-    symmetric: bool = True,
-    eps: float = 1e-12,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Min-max quantization parameters (scale float32, zero_point int32) for quantize_int8.
-
-    symmetric: ``scale = max|x| / 127``, zero_point 0 (the range maps onto [-127, 127]).
-    asymmetric: ``[min, max]`` (always including 0) maps onto [-128, 127] with a zero point.
-    ``per_group`` splits each row of x (viewed as [rows, cols]) into groups of ``group_size``.
-    A NaN or inf in x raises ValueError (on CUDA that check synchronises once, on the reduced
-    ranges)."""
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(
-            f"torchspeed.quant.choose_qparams: x must be a tensor, got {type(x).__name__}"
-        )
-    if granularity not in _GRANULARITIES:
-        raise ValueError(
-            f"torchspeed.quant.choose_qparams: granularity must be one of {_GRANULARITIES}, "
-            f"got {granularity!r}"
-        )
-    if x.dim() < 1 or x.numel() == 0:
-        raise ValueError("torchspeed.quant.choose_qparams: x must be a non-empty tensor")
-    cols = x.shape[-1]
-    v = x.detach().reshape(-1, cols).float()
-    if granularity == "per_tensor":
-        v = v.reshape(1, -1)
-    elif granularity == "per_group":
-        if (
-            isinstance(group_size, bool)
-            or not isinstance(group_size, int)
-            or group_size < 1
-            or cols % group_size
-        ):
-            raise ValueError(
-                f"torchspeed.quant.choose_qparams: group_size must be a positive int dividing the "
-                f"last dim ({cols}), got {group_size!r}"
-            )
-        v = v.reshape(v.shape[0], cols // group_size, group_size)
-    lo, hi = v.amin(dim=-1), v.amax(dim=-1)  # NaN and inf propagate into the ranges
-    if not _all_finite(lo, hi):
-        raise ValueError("torchspeed.quant.choose_qparams: x must be finite (has NaN or inf)")
-    scale, zp = qparams_from_minmax(lo, hi, symmetric, eps)
-    if granularity == "per_tensor":
-        scale, zp = scale.reshape(1), zp.reshape(1)
-    return scale.contiguous(), zp.contiguous()
-
-
-def _all_finite(*ts: torch.Tensor) -> bool:
-    """True when every element of ts is finite: one host synchronisation on CUDA."""
-    ok = torch.isfinite(ts[0]).all()
-    for t in ts[1:]:
-        ok = ok & torch.isfinite(t).all()
-    return bool(ok)
-
-
-def qparams_from_minmax(
-    min_val: torch.Tensor, max_val: torch.Tensor, symmetric: bool = True, eps: float = 1e-12
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """choose_qparams' formula from a recorded range (float32 tensors of one shape), the one
-    formula the observers (torchspeed.quant.observer) share: the range always includes 0, then
-    symmetric ``scale = max(-min, max) / 127`` (zero_point 0), or asymmetric ``scale = (max - min)
-    / 255``, ``zero_point = clamp(-128 - round(min / scale), -128, 127)``; scale >= eps. Equal to
-    torch.ao's observers' ``_calculate_qparams`` for qint8 with quant range [-127, 127]
-    (symmetric) or [-128, 127] (affine). A NaN or inf in min_val / max_val raises ValueError;
-    a finite range wider than float32's max (``max - min`` overflows) gets the finite scale
-    ``max / 255 - min / 255``."""
-    for name, t in (("min_val", min_val), ("max_val", max_val)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(
-                f"torchspeed.quant.qparams_from_minmax: {name} must be a tensor, "
-                f"got {type(t).__name__}"
-            )
-    if min_val.shape != max_val.shape:
-        raise ValueError(
-            "torchspeed.quant.qparams_from_minmax: min_val and max_val must have one shape, got "
-            f"{tuple(min_val.shape)} and {tuple(max_val.shape)}"
-        )
-    for name, t in (("min_val", min_val), ("max_val", max_val)):
-        if not _all_finite(t):
-            raise ValueError(
-                f"torchspeed.quant.qparams_from_minmax: {name} must be finite (has NaN or inf)"
-            )
-    lo = torch.minimum(min_val.float(), torch.zeros((), device=min_val.device))
-    hi = torch.maximum(max_val.float(), torch.zeros((), device=max_val.device))
-    if symmetric:
-        scale = (torch.maximum(-lo, hi) / 127.0).clamp_min(eps)
-        zp = torch.zeros_like(scale, dtype=torch.int32)
-    else:
-        scale = (hi - lo) / 255.0
-        # hi - lo overflows past float32's max for |range| > 3.4e38: the same value, finite
-        scale = torch.where(torch.isfinite(scale), scale, hi / 255.0 - lo / 255.0).clamp_min(eps)
-        zp = (-128 - torch.round(lo / scale)).clamp(-128, 127).to(torch.int32)
-    return scale, zp
-
-
-from torchspeed.quant.fake_quant import FakeQuantize, fake_quantize  # noqa: E402
-from torchspeed.quant.linear import (  # noqa: E402
-    Int8Linear,
-    int8_linear,
-    int8_pack_weight,
-    int8_path,
-    quantize_dynamic,
-)
-from torchspeed.quant.observer import (  # noqa: E402
-    MinMaxObserver,
-    MovingAverageMinMaxObserver,
-    PercentileObserver,
-)
+from ._ops import dequantize_int8, fake_quantize, int8_linear, int8_pack_weight, quantize_int8
+from .affine import choose_qparams, qparams_from_minmax
+from .dynamic import quantize_dynamic
+from .fake_quant import FakeQuantize
+from .linear import Int8Linear, int8_path
+from .observer import MinMaxObserver, MovingAverageMinMaxObserver, PercentileObserver
 
 __all__ = [
     "quantize_int8",

@@ -1,6 +1,6 @@
-"""Fake quantization for quantization-aware training: ``fake_quantize`` (the fused op with a
-straight-through gradient) and the ``FakeQuantize`` module (an observer + fake-quant, like
-torch.ao.quantization.FakeQuantize).
+"""Fake quantization for quantization-aware training: the ``FakeQuantize`` module (an observer +
+fake-quant, like torch.ao.quantization.FakeQuantize) over the fused op ``fake_quantize``
+(torchspeed.quant._ops, with a straight-through gradient).
 
     y = torchspeed.quant.fake_quantize(w, scale, zero_point)   # w's dtype, differentiable
 
@@ -8,63 +8,17 @@ torch.ao.quantization.FakeQuantize).
     w_q = fq(linear.weight)          # observes, then fake-quantizes; gradients pass through
 
 The op ``torch.ops.torchspeed.fake_quantize`` returns (y, mask) from one pass over x; its backward
-(registered here with torch.library.register_autograd) is ``grad_y * mask``, the clamp-masked
-straight-through estimator of torch's ``fake_quantize_per_*_affine_cachemask``.
+(registered in torchspeed.quant._ops with torch.library.register_autograd) is ``grad_y * mask``,
+the clamp-masked straight-through estimator of torch's ``fake_quantize_per_*_affine_cachemask``.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import nn
 
-from torchspeed._native import native_op
-
-_OP = "torchspeed::fake_quantize"
-
-
-def _fake_quant_op():
-    return native_op("fake_quantize", "quant")
-
-
-def fake_quantize(
-    x: torch.Tensor,
-    scale: torch.Tensor,
-    zero_point: Optional[torch.Tensor] = None,
-    quant_min: int = -128,
-    quant_max: int = 127,
-) -> torch.Tensor:
-    """``(clamp(round_half_even(x * (1 / scale)) + zp, quant_min, quant_max) - zp) * scale``.
-
-    Computed in fp32 for float32, bfloat16 and float16 x, returned in x's dtype (bit for bit
-    torch.fake_quantize_per_tensor_affine / per_channel_affine on float32, and that formula on
-    ``x.float()`` for bf16/fp16). scale: float32 > 0 with quantize_int8's granularity rule (one
-    element, [rows], [rows, groups] for x viewed as [rows, cols]); zero_point: int32 of scale's
-    shape within [quant_min, quant_max], or None (0). Gradient with respect to x: ``grad *
-    (quant_min <= round(x / scale) + zp <= quant_max)`` (none for scale and zero_point).
-    A non-contiguous x is made contiguous first."""
-    return _fake_quant_op()(x.contiguous(), scale, zero_point, quant_min, quant_max)[0]
-
-
-def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(output[1])
-
-
-def _backward(ctx, grad_y, grad_mask):
-    (mask,) = ctx.saved_tensors
-    # grad_y * mask in one pass (torch's `dY * mask` casts the bool mask on the fly, 2x slower)
-    return (
-        torch.ops.torchspeed.fake_quantize_backward(grad_y.contiguous(), mask),
-        None,
-        None,
-        None,
-        None,
-    )
-
-
-if hasattr(torch.ops.torchspeed, "fake_quantize"):
-    torch.library.register_autograd(_OP, _backward, setup_context=_setup_context)
+from ._ops import fake_quantize
+from .observer import MovingAverageMinMaxObserver, _apply_keeping_buffer_dtypes, _Observer
 
 
 class FakeQuantize(nn.Module):
@@ -88,8 +42,6 @@ class FakeQuantize(nn.Module):
 
     def __init__(self, observer=None, **observer_kwargs) -> None:
         super().__init__()
-        from torchspeed.quant.observer import MovingAverageMinMaxObserver, _Observer
-
         if observer is None:
             observer = MovingAverageMinMaxObserver
         if (isinstance(observer, type) and not issubclass(observer, _Observer)) or (
@@ -136,13 +88,11 @@ class FakeQuantize(nn.Module):
         return self.activation_post_process.calculate_qparams()
 
     def _apply(self, fn, recurse=True):
-        from torchspeed.quant.observer import _apply_keeping_buffer_dtypes
-
         return _apply_keeping_buffer_dtypes(self, fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
-            raise ValueError(
+            raise TypeError(
                 f"torchspeed.quant.FakeQuantize: x must be a tensor, got {type(x).__name__}"
             )
         quantize = bool(self.fake_quant_enabled[0] == 1)
@@ -205,4 +155,4 @@ class FakeQuantize(nn.Module):
         )
 
 
-__all__ = ["fake_quantize", "FakeQuantize"]
+__all__ = ["FakeQuantize"]

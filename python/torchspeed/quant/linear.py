@@ -1,7 +1,7 @@
 """The int8 Linear: per-channel symmetric int8 weights, activations quantized per row at run time,
 exact int32 accumulation and a fused fp32 epilogue (scales, bias, optional ReLU).
 
-    qmodel = torchspeed.quant.quantize_dynamic(model)          # swaps every nn.Linear, a copy
+    qmodel = torchspeed.quant.quantize_dynamic(model)          # swaps every nn.Linear (dynamic.py)
     layer = torchspeed.quant.Int8Linear.from_float(linear)     # one layer
     with torch.no_grad():
         y = qmodel(x)                                          # x float32 / bfloat16 / float16
@@ -16,47 +16,25 @@ On CUDA the kernels take the plain weight. Inference only: no gradient flows thr
 
 from __future__ import annotations
 
-import copy
-from typing import Iterable, Optional
-
 import torch
 from torch import nn
 
-from torchspeed._native import native_op
+from .. import _C
+from .._native import area_not_built
+from ._ops import int8_linear, int8_pack_weight
 
-__all__ = ["Int8Linear", "quantize_dynamic", "int8_pack_weight", "int8_linear", "int8_path"]
+__all__ = ["Int8Linear", "int8_path", "quantize_weight"]
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def _op(name: str):
-    return native_op(name, "quant")
 
 
 def int8_path() -> str:
     """The int8 Linear's CPU kernel path now: "scalar", "avx2", "avx512", "avx512_vnni" or
     "amx"."""
-    from torchspeed import _C
-
-    return _C.cpu_int8_path()
-
-
-def int8_pack_weight(w: torch.Tensor) -> torch.Tensor:
-    """Packs an int8 [N, K] weight (values in [-127, 127]) for the current CPU int8 path."""
-    return _op("int8_pack_weight")(w)
-
-
-def int8_linear(
-    x: torch.Tensor,
-    packed_w: torch.Tensor,
-    w_scale: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
-    relu: bool = False,
-) -> torch.Tensor:
-    """``act(float(q(x) @ w.T) * (x_scale * w_scale) + bias)`` in x's dtype, x quantized per row.
-
-    packed_w: ``int8_pack_weight(w)`` on CPU, the int8 [N, K] weight itself on CUDA."""
-    return _op("int8_linear")(x, packed_w, w_scale, bias, relu)
+    query = getattr(_C, "cpu_int8_path", None)
+    if query is None:
+        raise area_not_built("torchspeed.quant.int8_path", "quant")
+    return query()
 
 
 def quantize_weight(w: torch.Tensor):
@@ -116,6 +94,11 @@ class Int8Linear(nn.Module):
                 f"{type(linear).__name__}"
             )
         w = linear.weight
+        if not bool(torch.isfinite(w).all()):
+            raise ValueError(
+                "torchspeed.quant.Int8Linear.from_float: linear.weight must be finite (has NaN or "
+                "inf): its per-channel scale would be NaN or inf"
+            )
         m = cls(linear.in_features, linear.out_features, linear.bias is not None, relu, w.device)
         q, scale = quantize_weight(w)
         with torch.no_grad():
@@ -152,6 +135,10 @@ class Int8Linear(nn.Module):
             self._packed_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"torchspeed.quant.Int8Linear: x must be a tensor, got {type(x).__name__}"
+            )
         if x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError(
                 "torchspeed.quant.Int8Linear is inference-only (no gradient through the int8 "
@@ -176,85 +163,63 @@ class Int8Linear(nn.Module):
             self.bias = self.bias.float()
         return out
 
-    def _load_from_state_dict(self, *args, **kwargs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        # Checked before any buffer is written (nn.Module's rule copies each present key, then
+        # reports): a float nn.Linear state_dict would otherwise be cast into the int8 weight.
+        problems = self._state_dict_problems(state_dict, prefix)
+        if problems:
+            error_msgs.extend(problems)
+            return
         self._packed = None
-        return super()._load_from_state_dict(*args, **kwargs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def _state_dict_problems(self, state_dict, prefix: str) -> list:
+        """Why this layer cannot load ``state_dict`` (nothing is loaded then), or []."""
+        where = f"torchspeed.quant.Int8Linear: state_dict[{prefix + 'weight'!r}]"
+        w = state_dict.get(prefix + "weight")
+        if isinstance(w, torch.Tensor) and w.is_floating_point():
+            return [
+                f"{where} is a float weight ({w.dtype}): an Int8Linear loads an Int8Linear's "
+                "state_dict (int8 weight, float32 weight_scale); convert an nn.Linear with "
+                "Int8Linear.from_float(linear) (or quantize_dynamic(model)) instead"
+            ]
+        expect = {
+            "weight": (torch.int8, (self.out_features, self.in_features)),
+            "weight_scale": (torch.float32, (self.out_features,)),
+            "bias": (torch.float32, (self.out_features,)),
+        }
+        problems = []
+        for name, (dtype, shape) in expect.items():
+            key = prefix + name
+            if key not in state_dict:
+                continue
+            v = state_dict[key]
+            if name == "bias" and self.bias is None:
+                continue  # reported as an unexpected key by nn.Module's rule
+            if not isinstance(v, torch.Tensor) or v.dtype != dtype or tuple(v.shape) != shape:
+                got = (
+                    f"{v.dtype} of shape {list(v.shape)}"
+                    if isinstance(v, torch.Tensor)
+                    else (type(v).__name__)
+                )
+                problems.append(
+                    f"torchspeed.quant.Int8Linear: state_dict[{key!r}] must be {dtype} of shape "
+                    f"{list(shape)}, got {got}"
+                )
+                continue
+            if name == "weight" and bool((v == -128).any()):
+                problems.append(
+                    f"torchspeed.quant.Int8Linear: state_dict[{key!r}] must hold values in "
+                    "[-127, 127] (symmetric int8), got -128"
+                )
+        return problems
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, relu={self.relu}, int8_path={self._path()}"
         )
-
-
-def _matches(name: str, names) -> bool:
-    return any(name == n or name.startswith(n + ".") for n in names)
-
-
-def quantize_dynamic(
-    model: nn.Module,
-    qconfig_spec: Optional[Iterable] = None,
-    dtype: torch.dtype = torch.qint8,
-    inplace: bool = False,
-    modules_to_not_convert: Optional[Iterable[str]] = None,
-) -> nn.Module:
-    """Swaps ``nn.Linear`` modules (nested ones too) for ``Int8Linear``, like
-    ``torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)``.
-
-    qconfig_spec: None (every nn.Linear), or a set of module types (only ``nn.Linear`` is
-    supported) and/or qualified module names (convert only those, and the Linears inside them).
-    modules_to_not_convert: qualified names whose modules (and their children) stay float.
-    Subclasses of nn.Linear (e.g. MultiheadAttention's out_proj) are left alone. inplace=False
-    converts a deep copy."""
-    if dtype not in (torch.qint8, torch.int8):
-        raise ValueError(
-            f"torchspeed.quant.quantize_dynamic: only dtype=torch.qint8 is supported, got {dtype}"
-        )
-    names = None
-    if isinstance(qconfig_spec, str):
-        qconfig_spec = [qconfig_spec]
-    if isinstance(modules_to_not_convert, str):
-        modules_to_not_convert = [modules_to_not_convert]
-    if qconfig_spec is not None:
-        spec = list(qconfig_spec)
-        for s in spec:
-            if isinstance(s, type) and s is not nn.Linear:
-                raise ValueError(
-                    f"torchspeed.quant.quantize_dynamic: only nn.Linear can be converted, got "
-                    f"{s.__name__}"
-                )
-            if not isinstance(s, (type, str)):
-                raise TypeError(
-                    "torchspeed.quant.quantize_dynamic: qconfig_spec must hold module types or "
-                    f"qualified names, got {s!r}"
-                )
-        str_names = [s for s in spec if isinstance(s, str)]
-        names = str_names if str_names else None
-        if not str_names and nn.Linear not in spec:
-            return model if inplace else copy.deepcopy(model)
-    skip = list(modules_to_not_convert or [])
-    if not inplace:
-        model = copy.deepcopy(model)
-    if type(model) is nn.Linear:
-        raise ValueError(
-            "torchspeed.quant.quantize_dynamic: model is itself an nn.Linear; use "
-            "Int8Linear.from_float(model)"
-        )
-    targets = []
-    # Every place a module is registered (a Linear shared by two parents is converted in both,
-    # to one shared Int8Linear, as torch.ao does).
-    for name, module in model.named_modules(remove_duplicate=False):
-        if type(module) is not nn.Linear or not name or _matches(name, skip):
-            continue
-        if names is not None and not _matches(name, names):
-            continue
-        targets.append(name)
-    converted = {}
-    for name in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        linear = getattr(parent, child)
-        if id(linear) not in converted:
-            converted[id(linear)] = Int8Linear.from_float(linear)
-        setattr(parent, child, converted[id(linear)])
-    return model

@@ -29,6 +29,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from .affine import qparams_from_minmax
+
 _GRANULARITIES = ("per_tensor", "per_channel", "per_group")
 
 # torch.ao qscheme -> (granularity, symmetric), for callers that speak torch.ao.
@@ -58,6 +60,13 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _check_eps(eps, name: str) -> None:
+    if not _is_number(eps):
+        raise TypeError(f"torchspeed.quant.{name}: eps must be finite and > 0, got {eps!r}")
+    if not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"torchspeed.quant.{name}: eps must be finite and > 0, got {eps!r}")
+
+
 class _Observer(nn.Module):
     """Shared state and qparams: subclasses implement ``_combine(min_now, max_now)``."""
 
@@ -85,19 +94,20 @@ class _Observer(nn.Module):
                 f"got {granularity!r}"
             )
         if not isinstance(symmetric, bool):
-            raise ValueError(
-                f"torchspeed.quant.{name}: symmetric must be a bool, got {symmetric!r}"
-            )
+            raise TypeError(f"torchspeed.quant.{name}: symmetric must be a bool, got {symmetric!r}")
         if dtype not in (torch.qint8, torch.int8):
             raise ValueError(
                 f"torchspeed.quant.{name}: dtype must be torch.qint8 or torch.int8, got {dtype!r}"
             )
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        if isinstance(group_size, bool) or not isinstance(group_size, int):
+            raise TypeError(
+                f"torchspeed.quant.{name}: group_size must be a positive int, got {group_size!r}"
+            )
+        if group_size < 1:
             raise ValueError(
                 f"torchspeed.quant.{name}: group_size must be a positive int, got {group_size!r}"
             )
-        if not (_is_number(eps) and eps > 0 and math.isfinite(eps)):
-            raise ValueError(f"torchspeed.quant.{name}: eps must be finite and > 0, got {eps!r}")
+        _check_eps(eps, name)
         self.granularity = granularity
         self.symmetric = bool(symmetric)
         self.group_size = group_size
@@ -114,7 +124,9 @@ class _Observer(nn.Module):
     def _segments(self, x: torch.Tensor) -> torch.Tensor:
         """x as float32 [segments..., elements]: [1, n], [rows, cols] or [rows, groups, size]."""
         name = type(self).__name__
-        if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.numel() == 0:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"torchspeed.quant.{name}: x must be a tensor, got {type(x).__name__}")
+        if x.dim() < 1 or x.numel() == 0:
             raise ValueError(f"torchspeed.quant.{name}: x must be a non-empty tensor")
         if not x.is_floating_point():
             raise ValueError(f"torchspeed.quant.{name}: x must be floating point, got {x.dtype}")
@@ -175,8 +187,6 @@ class _Observer(nn.Module):
     def calculate_qparams(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(scale float32, zero_point int32), shaped [1], [rows] or [rows, groups], from the
         recorded range with choose_qparams' formula."""
-        from torchspeed.quant import qparams_from_minmax
-
         if self.min_val.numel() == 0:
             raise RuntimeError(
                 f"torchspeed.quant.{type(self).__name__}: calculate_qparams before any forward "
@@ -219,7 +229,12 @@ class MovingAverageMinMaxObserver(_Observer):
 
     def __init__(self, averaging_constant: float = 0.01, **kwargs) -> None:
         super().__init__(**kwargs)
-        if not (_is_number(averaging_constant) and 0 < averaging_constant <= 1):
+        if not _is_number(averaging_constant):
+            raise TypeError(
+                "torchspeed.quant.MovingAverageMinMaxObserver: averaging_constant must be in "
+                f"(0, 1], got {averaging_constant!r}"
+            )
+        if not 0 < averaging_constant <= 1:
             raise ValueError(
                 "torchspeed.quant.MovingAverageMinMaxObserver: averaging_constant must be in "
                 f"(0, 1], got {averaging_constant!r}"
@@ -240,7 +255,12 @@ class PercentileObserver(_Observer):
 
     def __init__(self, percentile: float = 99.99, **kwargs) -> None:
         super().__init__(**kwargs)
-        if not (_is_number(percentile) and 50 < percentile <= 100):
+        if not _is_number(percentile):
+            raise TypeError(
+                "torchspeed.quant.PercentileObserver: percentile must be in (50, 100], got "
+                f"{percentile!r}"
+            )
+        if not 50 < percentile <= 100:
             raise ValueError(
                 "torchspeed.quant.PercentileObserver: percentile must be in (50, 100], got "
                 f"{percentile!r}"

@@ -196,6 +196,86 @@ TEST_CASE("AccumulatingDDP: models or options that differ between ranks throw on
   }
 }
 
+TEST_CASE(
+    "AccumulatingDDP zero=1 (C++): each rank's grad shard is its slice of the mean gradient") {
+  // ZeRO-1 from C++: the buckets are reduce-scattered on the synchronising micro-step only; the
+  // shards, the global norm of clip_grad_norm_ and the collective counts against one process.
+  setenv("GLOO_SOCKET_IFNAME", "lo", 0);
+  setenv("TORCHSPEED_ZERO_COLLECTIVES", "native", 1);  // Gloo's reduce_scatter, not all-reduce
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<torch::Tensor> shards[kWorld];
+  std::string modes[kWorld];
+  std::vector<std::pair<int64_t, int64_t>> slots[kWorld];
+  std::vector<int64_t> collectives[kWorld];
+  double norms[kWorld] = {0, 0};
+  std::string errors[kWorld];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto group = tsd::new_gloo_group(store, r, kWorld, std::chrono::seconds(60));
+        auto net = make_net();
+        tsd::AccumulatingDDP ddp(*net, group,
+                                 tsd::DDPOptions()
+                                     .accumulation_steps(kMicro)
+                                     .zero(1)
+                                     .bucket_cap_mb(0.0015)
+                                     .first_bucket_cap_mb(0.0005));
+        for (int j = 0; j < kMicro; ++j) {
+          const auto before = group->getSequenceNumberForGroup();
+          ddp.begin_micro_step();
+          auto [x, y] = batch(0, r, j);
+          (torch::mse_loss(net->forward(x), y) / kMicro).backward();
+          collectives[r].push_back(
+              static_cast<int64_t>(group->getSequenceNumberForGroup() - before));
+        }
+        for (auto& t : ddp.grad_shards()) shards[r].push_back(t.clone());
+        slots[r] = ddp.param_slots();
+        modes[r] = ddp.zero_collectives();
+        if (ddp.last_nonfinite()) throw std::runtime_error("last_nonfinite without an inf");
+        norms[r] = ddp.clip_grad_norm_(1e9).item<double>();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  unsetenv("TORCHSPEED_ZERO_COLLECTIVES");
+  // The reference: the mean gradient over every (rank, micro-step) chunk, in one process.
+  auto net = make_net();
+  for (int r = 0; r < kWorld; ++r) {
+    for (int j = 0; j < kMicro; ++j) {
+      auto [x, y] = batch(0, r, j);
+      (torch::mse_loss(net->forward(x), y) / (kMicro * kWorld)).backward();
+    }
+  }
+  const auto params = net->parameters();
+  double sum_sq = 0;
+  for (const auto& p : params) sum_sq += p.grad().pow(2).sum().item<double>();
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE(errors[r].empty());
+    REQUIRE(shards[r].size() >= 2);
+    CHECK(modes[r] == "reduce_scatter");
+    CHECK(std::abs(norms[r] - std::sqrt(sum_sq)) <= 1e-6 * std::sqrt(sum_sq));
+    for (int j = 0; j < kMicro; ++j) {  // reduce-scatters + the inf/NaN agreement on the last
+      CHECK(collectives[r][j] == (j == kMicro - 1 ? int64_t(shards[r].size()) + 1 : 0));
+    }
+    std::vector<torch::Tensor> full;
+    for (const auto& s : shards[r]) full.push_back(torch::zeros({s.numel() * kWorld}, s.options()));
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto [b, offset] = slots[r][i];
+      full[b].narrow(0, offset, params[i].numel()).copy_(params[i].grad().reshape(-1));
+    }
+    for (size_t b = 0; b < full.size(); ++b) {
+      const int64_t s = shards[r][b].numel();
+      const auto want = full[b].narrow(0, r * s, s);
+      const double err = (shards[r][b] - want).abs().max().item<double>();
+      CHECK(err <= 1e-12 * (want.abs().max().item<double>() + 1e-30));
+    }
+  }
+}
+
 TEST_CASE("torchrun_env names the missing or malformed variable") {
   auto message = [] {
     try {

@@ -14,7 +14,7 @@ inline c10::IValue as_ivalue(at::IntArrayRef v) { return c10::IValue(v.vec()); }
 }  // namespace torchspeed_test
 
 #include "op_schema_check.h"
-#include "torchspeed/ops/prune.h"
+#include "torchspeed/prune.h"
 
 TEST_CASE("pack_mask/unpack_mask round trip, little-endian bits, apply_mask_ zeroes exactly") {
   torch::manual_seed(0);

@@ -10,7 +10,7 @@
 
 #include "catch_shim.h"
 #include "op_schema_check.h"
-#include "torchspeed/ops/quant.h"
+#include "torchspeed/quant.h"
 #include "torchspeed/quant/linear.h"
 #include "torchspeed/torchspeed.h"
 

@@ -8,7 +8,7 @@
 
 #include "catch_shim.h"
 #include "op_schema_check.h"
-#include "torchspeed/ops/quant.h"
+#include "torchspeed/quant.h"
 
 namespace {
 
@@ -52,6 +52,19 @@ TEST_CASE("quantize_int8 equals the reference at every granularity, dequantize i
       }
     }
   }
+}
+
+TEST_CASE("quantize_int8 maps NaN to 127 (as torch.quantize_per_tensor) and saturates inf") {
+  // 35 elements: the vector body and the scalar tail of every ISA see each special value.
+  auto x = torch::zeros({35});
+  for (int64_t i : {0, 9, 34}) x[i] = NAN;
+  x[1] = INFINITY;
+  x[33] = -INFINITY;
+  const auto q = torchspeed::quantize_int8(
+      x, torch::full({1}, 0.5f), std::optional<at::Tensor>(torch::full({1}, -7, torch::kInt)));
+  for (int64_t i : {0, 9, 34, 1}) CHECK(q[i].item<int>() == 127);
+  CHECK(q[33].item<int>() == -128);
+  CHECK(q[2].item<int>() == -7);
 }
 
 TEST_CASE("the quant ops' argument structs match their schemas") {

@@ -55,6 +55,7 @@ _PATCHED = [
     (nn.Module, "zero_grad"),
     (torch.Tensor, "to"),
     (torch.Tensor, "cuda"),
+    (torch.nn.utils, "clip_grad_norm_"),
 ]
 if torch.distributed.is_available():
     _PATCHED += [

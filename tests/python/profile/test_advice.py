@@ -580,3 +580,38 @@ def test_property_never_raises_and_low_data_wait_is_quiet(case):
     assert [f for f in out if f.est_gain_s > 0] == out[: len(gains)]
     if s.phases["data_wait"].share < 0.05:
         assert "data_wait" not in {f.rule for f in out}
+
+
+def test_estimates_quote_the_median_the_table_prints():
+    # Issue 25: an estimate quoted share x step median (16.0 ms) where the table's phase median
+    # was 12.9 ms. Uneven steps: the data wait's median is 12.9 ms, its share of all time 80 %.
+    s = make_summary(0.020, {"data_wait": 0.0129, "forward": 0.002, "backward": 0.002})
+    s.phases["data_wait"].share = 0.8
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8)))
+    f = _by_rule(advise(s, RunFacts(loaders=[loader])))["data_wait"]
+    assert "(12.9 ms of 20.0 ms)" in f.title, f.title
+    assert f.est_gain_s == pytest.approx(0.0129 * (1 - rules.DATA_WAIT_WITH_WORKERS), rel=REL)
+
+
+@pytest.mark.parametrize("ratio, severity", [(1.5, None), (2.5, "warning"), (9.0, "critical")])
+def test_uneven_steps_are_flagged_from_p90_over_the_median(ratio, severity):
+    s = make_summary(0.020, {"forward": 0.008, "backward": 0.008})
+    s.step_p90_s = 0.020 * ratio
+    got = _by_rule(breakdown_rules(s, RunFacts())).get("contention")
+    if severity is None:
+        assert got is None
+        return
+    assert got.severity == severity and got.est_step_s is None
+    assert f"the p90 step is {ratio:.1f}x the median" in got.title
+    assert "load average" in got.detail
+
+
+def test_clip_grad_norm_calls_suggest_the_optimizers_max_grad_norm():
+    facts = RunFacts(counters={"clip_grad_norm": 6}, steps=3)
+    f = _by_rule(lint(facts))["clip_into_optimizer"]
+    assert f.kind == "lint" and "max_grad_norm=" in f.fix and "2.0 per step" in f.title
+    with_ts = RunFacts(
+        counters={"clip_grad_norm": 6}, steps=3, optimizers=[torchspeed.optim.AdamW(_param())]
+    )
+    assert "clip_into_optimizer" not in _by_rule(lint(with_ts))  # its max_grad_norm is there
+    assert "clip_into_optimizer" not in _by_rule(lint(RunFacts(steps=3)))

@@ -22,13 +22,10 @@ from torchspeed.data import DataLoader, NpySource, WebDataset
 from torchspeed.data import write_shards as ws
 
 sys.path.insert(0, os.path.dirname(__file__))
-from data_helpers import Image, jpeg_bytes, png_bytes, textured  # noqa: E402
+from data_helpers import D, Image, jpeg_bytes, needs_jpeg, png_bytes, textured  # noqa: E402
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 CMD = "python -m torchspeed.data.write_shards"
-needs_jpeg = pytest.mark.skipif(
-    not torchspeed._C.data.with_jpeg, reason="torchspeed built without libjpeg-turbo"
-)
 
 
 def run_cli(args, cwd):
@@ -381,7 +378,7 @@ def test_content_decides_extension_and_conversions_decode_like_pillow(tmp_path):
     # lossless source (stored as PNG), within one JPEG q95 4:4:4 re-encode for a CMYK JPEG
     # (measured mean |diff| 3.3 on this noisy texture).
     def decoded(data):
-        return torchspeed._C.data.decode_image(data).to(torch.int32)
+        return D.decode_image(data).to(torch.int32)
 
     def pil_rgb(path):
         return torch.from_numpy(np.asarray(Image.open(path).convert("RGB")).astype(np.int32))
@@ -715,3 +712,46 @@ def test_shuffled_arrays_stay_aligned(tmp_path):
     gx, gy = next(iter(DataLoader(WebDataset(out + "/shard-*.tar", ["x.npy", "y.npy"]), 20)))
     assert gy.tolist() != list(range(20)) and sorted(gy.tolist()) == list(range(20))
     torch.testing.assert_close(gx, (gy * 10).to(torch.int32), rtol=0, atol=0)
+
+
+@needs_jpeg
+def test_write_shards_cli(tmp_path):
+    src = tmp_path / "imgs"
+    for c, name in enumerate(["cat", "dog"]):
+        (src / name).mkdir(parents=True)
+        for i in range(5):
+            Image.fromarray(textured(50, 40, seed=c * 10 + i)).save(src / name / f"{i}.jpg")
+    Image.fromarray(textured(50, 40, seed=99)).save(src / "dog" / "x.png")
+    out = tmp_path / "shards"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchspeed.data.write_shards",
+            str(src),
+            str(out),
+            "--maxcount",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    tars = sorted(str(p) for p in out.glob("*.tar"))
+    assert len(tars) == 3 and all(os.path.exists(t + ".idx") for t in tars)
+    assert (out / "classes.txt").read_text().split() == ["cat", "dog"]
+    dl = DataLoader(
+        WebDataset(
+            str(out / "shard-{000000..000002}.tar"),
+            fields=("jpg;png", "cls"),
+            crop="resize",
+            size=(40, 50),
+        ),
+        batch_size=11,
+    )
+    ((imgs, labels),) = list(dl)
+    assert imgs.shape == (11, 3, 40, 50)
+    assert labels.tolist() == [0] * 5 + [1] * 6

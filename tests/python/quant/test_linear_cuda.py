@@ -1,4 +1,4 @@
-"""The int8 Linear's CUDA kernels (csrc/kernels/cuda/int8_linear.cu: quantize_rows_int8 and the
+"""The int8 Linear's CUDA kernels (csrc/kernels/cuda/quant_int8_linear.cu: quantize_rows_int8 and the
 mma.sync int8 GEMM with its fused epilogue), through ``torch.ops.torchspeed.int8_linear`` on CUDA
 (the weight passed as the int8 [N, K] tensor itself), bit for bit against the contract of
 kernels/cuda/api.cuh computed here with an int64 matmul: odd shapes (M, N, K = 1, tile edges, K

@@ -554,10 +554,20 @@ def test_torch_ao_observers_and_bad_constructor_args_are_refused_by_name():
         (PercentileObserver, dict(percentile=100.5), "percentile must be in"),
         (PercentileObserver, dict(percentile="99"), "percentile must be in"),
     ]
+    # a bad type is a TypeError, a bad value a ValueError (torch's convention; issue 23)
+    typed = [
+        dict(group_size=16.0),
+        dict(group_size=True),
+        dict(symmetric="no"),
+        dict(eps=True),
+        dict(averaging_constant=True),
+        dict(percentile="99"),
+    ]
     for cls, kw, match in bad:
-        with pytest.raises(ValueError, match=f"{cls.__name__}: {match}"):
+        err = TypeError if kw in typed else ValueError
+        with pytest.raises(err, match=f"{cls.__name__}: {match}"):
             cls(**kw)
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(err, match=match):
             FakeQuantize(cls, **kw)
 
 
@@ -569,7 +579,7 @@ def test_fake_quantize_refuses_bad_x_before_observing():
         fq(torch.randn(4, 16, dtype=torch.float64) * 100)
     with pytest.raises(ValueError, match="x gives ranges of shape"):
         fq(torch.randn(5, 16) * 100)
-    with pytest.raises(ValueError, match="x must be a tensor"):
+    with pytest.raises(TypeError, match="x must be a tensor"):
         fq([1.0, 2.0])
     with pytest.raises(ValueError, match="x must be a non-empty tensor"):
         fq(torch.randn(0, 16))
@@ -595,3 +605,15 @@ def test_fake_quantize_non_finite_and_half_on_every_device(device):
     assert fq.scale.dtype == torch.float32 and fq.scale.device.type == torch.device(device).type
     with pytest.raises(ValueError, match="x must be finite"):
         choose_qparams(dirty)
+
+
+def test_fake_quantize_refuses_bad_python_types():
+    """Adversarial pass (issue 23): a float quant_min went to the op (RuntimeError) and a list x
+    raised AttributeError before."""
+    x, s = torch.randn(4, 8), torch.ones(1)
+    with pytest.raises(TypeError, match="fake_quantize: quant_min must be an int, got -8.0"):
+        fake_quantize(x, s, None, -8.0, 7)
+    with pytest.raises(TypeError, match="fake_quantize: x must be a tensor, got list"):
+        fake_quantize([1.0], s)
+    with pytest.raises(ValueError, match="quant_max must fit in int64"):
+        fake_quantize(x, s, None, 0, 2**70)

@@ -64,6 +64,7 @@ def test_quantize_matches_torch_bit_for_bit_and_round_trips(
     assert (back - x.float()).abs().max().item() <= step / 2 * (1 + 1e-5) + 1e-7
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
 def test_saturation_and_ties_at_the_int8_extremes(device):
     x = torch.tensor(
         [[1e9, -1e9, 127.5, -128.5, 126.5, 0.5, 1.5, -0.5, 2.5, float("inf")]], device=device
@@ -71,11 +72,19 @@ def test_saturation_and_ties_at_the_int8_extremes(device):
     q = quantize_int8(x, torch.ones(1, device=device))
     # ties go to even: 126.5 -> 126, 0.5 -> 0, 1.5 -> 2, -0.5 -> -0, 2.5 -> 2; inf saturates
     assert q.cpu().tolist() == [[127, -128, 127, -128, 126, 0, 2, 0, 2, 127]]
-    # NaN has no int8 value: every device maps it to the lower clamp, -128 (documented).
+    # NaN has no int8 value: every device and granularity maps it to 127, as
+    # torch.quantize_per_tensor does (issue 23 item 11; it was -128 before).
     nan = quantize_int8(
         torch.full((1, 37), float("nan"), device=device), torch.ones(1, device=device)
     )
-    assert (nan.cpu() == -128).all()
+    assert (nan.cpu() == 127).all()
+    ref = torch.quantize_per_tensor(torch.full((37,), float("nan")), 1.0, 0, torch.qint8)
+    assert torch.equal(nan.cpu().reshape(-1), ref.int_repr())
+    x = torch.randn(3, 40)
+    x[0, 0] = x[1, 17] = x[2, 39] = float("nan")
+    zp = torch.tensor([[-5, 3], [0, 0], [9, -128]], dtype=torch.int32, device=device)
+    per_group = quantize_int8(x.to(device), torch.full((3, 2), 0.02, device=device), zp)
+    assert per_group.cpu()[x.isnan()].tolist() == [127, 127, 127]
     zp = torch.full((1,), -128, dtype=torch.int32, device=device)
     q = quantize_int8(
         torch.tensor([[0.0, 255.0, 300.0]], device=device), torch.ones(1, device=device), zp
@@ -145,3 +154,33 @@ def test_matches_torch_ao_per_tensor_quantization_on_random_data():
     ao = torch.quantize_per_tensor(x, scale.item(), 0, torch.qint8).int_repr()
     assert (ours != ao).float().mean().item() <= 1e-3
     assert (ours.int() - ao.int()).abs().max().item() <= 1
+
+
+def test_bad_argument_types_and_dtypes_are_named():
+    """Adversarial pass (issue 23): non-tensors gave a ValueError or the dispatcher's
+    RuntimeError, int and complex x were quantized (complex silently dropping its imaginary
+    part), symmetric="no" counted as True and a NaN eps went through."""
+    from torchspeed.quant import qparams_from_minmax
+
+    x = torch.randn(2, 8)
+    with pytest.raises(TypeError, match="choose_qparams: x must be a tensor, got list"):
+        choose_qparams([1.0, 2.0])
+    for bad in (torch.arange(8), torch.randn(8, dtype=torch.complex64)):
+        with pytest.raises(ValueError, match="choose_qparams: x must be floating point"):
+            choose_qparams(bad)
+    with pytest.raises(TypeError, match="symmetric must be a bool, got 'no'"):
+        choose_qparams(x, symmetric="no")
+    with pytest.raises(ValueError, match="eps must be finite and > 0, got nan"):
+        choose_qparams(x, eps=float("nan"))
+    with pytest.raises(TypeError, match="eps must be finite and > 0"):
+        choose_qparams(x, eps="1e-6")
+    with pytest.raises(TypeError, match="group_size must be a positive int"):
+        choose_qparams(x, "per_group", group_size=4.0)
+    with pytest.raises(TypeError, match="qparams_from_minmax: min_val must be a tensor"):
+        qparams_from_minmax(0.0, torch.ones(1))
+    with pytest.raises(TypeError, match="quantize_int8: x must be a tensor, got list"):
+        quantize_int8([1.0], torch.ones(1))
+    with pytest.raises(TypeError, match="quantize_int8: scale must be a tensor, got float"):
+        quantize_int8(x, 0.1)
+    with pytest.raises(TypeError, match="dequantize_int8: zero_point must be a tensor or None"):
+        dequantize_int8(torch.zeros(2, dtype=torch.int8), torch.ones(1), 0)

@@ -1,6 +1,7 @@
-"""Helpers of the torchspeed.dist tests: a bounded multi-process launcher (Gloo on 127.0.0.1, every
-process in its own session, killed with its group on timeout or failure: no orphans) and the model,
-data and single-process references that dist_worker.py and test_dist.py share."""
+"""Helpers of the torchspeed.dist tests: whether the area is built, a bounded multi-process launcher
+(Gloo on 127.0.0.1, every process in its own session, killed with its group on timeout or failure:
+no orphans), the one table of training cases, and the model, data and single-process references
+that dist_worker.py and the test files share."""
 
 from __future__ import annotations
 
@@ -18,6 +19,44 @@ from torch import nn
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "dist_worker.py"
+
+F64 = dict(rtol=1e-12, atol=1e-14)  # the issue's float64 bound: 1e-12 relative
+F32 = dict(rtol=1e-5, atol=1e-6)  # float32: 1e-5 relative (atol for values near zero)
+
+
+def _dist_missing():
+    """None when the dist area is built, else its one "area not built" error (the tests skip
+    with it as the reason)."""
+    from torchspeed._native import AreaNotBuiltError, native_module
+
+    try:
+        native_module("dist")
+    except AreaNotBuiltError as e:
+        return e
+    return None
+
+
+DIST_MISSING = _dist_missing()
+
+# ---- scale_cast_ ----------------------------------------------------------------------------------
+
+PAIRS = [
+    (torch.float32, torch.float32),
+    (torch.float32, torch.bfloat16),
+    (torch.float32, torch.float16),
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.bfloat16),
+    (torch.float64, torch.float64),
+]
+
+
+def scale_cast_reference(src, scale, out_dtype):
+    """fp32 arithmetic (fp64 for fp64), one rounding into the output dtype, as torch rounds."""
+    if src.dtype == torch.float64:
+        return src * scale
+    return (src.float() * torch.tensor(scale, dtype=torch.float32)).to(out_dtype)
 
 
 def free_port() -> int:
@@ -117,6 +156,59 @@ class Net(nn.Module):
         return out
 
 
+# The training cases of the "main" scenario (dist_worker.train's arguments), one table for the
+# worker and the tests; MAIN4 runs on 4 ranks too.
+F64_, F32_ = torch.float64, torch.float32
+CASES = {
+    "f64_sgd": dict(case="plain", dtype=F64_, opt_name="sgd", k=3, steps=3),
+    "f32_ts_adamw": dict(case="plain", dtype=F32_, opt_name="ts_adamw", k=2, steps=3),
+    "f64_no_sync": dict(case="plain", dtype=F64_, opt_name="sgd", k=3, steps=3, style="no_sync"),
+    "f64_micro_batch": dict(
+        case="plain", dtype=F64_, opt_name="sgd", k=3, steps=3, style="micro_batch"
+    ),
+    "f32_bf16": dict(case="plain", dtype=F32_, opt_name="sgd", k=2, steps=3, compression="bf16"),
+    "f32_fp16": dict(case="plain", dtype=F32_, opt_name="sgd", k=2, steps=3, compression="fp16"),
+    "f32_none": dict(case="plain", dtype=F32_, opt_name="sgd", k=2, steps=3),
+    "unused_sgd": dict(case="unused", dtype=F64_, opt_name="sgd", k=3, steps=3, find_unused=True),
+    "unused_adamw": dict(
+        case="unused", dtype=F64_, opt_name="adamw", k=3, steps=3, find_unused=True
+    ),
+    # One window: the side branch used on rank 0's first micro-step only.
+    "unused_no_find": dict(case="unused", dtype=F64_, opt_name="sgd", k=3, steps=1),
+    # l1.weight frozen after wrapping, before step 1: its .grad stays None.
+    "frozen_adamw": dict(case="plain", dtype=F64_, opt_name="adamw", k=2, steps=3, freeze_at=1),
+    "f32_scaler_clip": dict(
+        case="plain", dtype=F32_, opt_name="sgd", k=2, steps=3, clip=0.05, scaler=True
+    ),
+}
+MAIN4 = ("f64_sgd", "f32_ts_adamw")
+
+# The ZeRO-1 cases (dist_worker.zero_train's arguments): the same math as CASES, the state sharded.
+ZERO_CASES = {
+    "z_f64_sgd": dict(case="plain", dtype=F64_, opt_name="sgd", k=3, steps=3),
+    "z_f64_adamw_clip": dict(case="plain", dtype=F64_, opt_name="adamw", k=2, steps=3, clip=0.05),
+    "z_f32_ts_adamw": dict(case="plain", dtype=F32_, opt_name="ts_adamw", k=2, steps=3),
+    "z_f64_scaler_inf": dict(
+        case="plain", dtype=F64_, opt_name="adamw", k=2, steps=3, scaler=True, inf_at=1
+    ),
+    # `side` is used on rank 0 only (in one micro-step): rank 1 gives it no gradient.
+    "z_f64_unused_one_rank": dict(case="unused_one_rank", dtype=F64_, opt_name="sgd", k=2, steps=3),
+    "z_f32_bf16": dict(case="plain", dtype=F32_, opt_name="sgd", k=2, steps=3, compression="bf16"),
+}
+ZERO4 = ("z_f64_sgd", "z_f64_adamw_clip")
+_REFERENCE_ARGS = ("clip", "scaler", "freeze_at", "inf_at")
+
+
+def case_reference(name, world, cases=None, **more):
+    """The single-process reference of training case `name` over `world` ranks' samples (the
+    wire format options, compression and the loop style, do not change the math)."""
+    kw = (cases or CASES)[name]
+    extra = {k: kw[k] for k in _REFERENCE_ARGS if k in kw} | more
+    return reference(
+        kw["case"], world, kw["k"], kw["steps"], 4, kw["dtype"], kw["opt_name"], **extra
+    )
+
+
 def window_data(step, world, k, mb, dtype):
     """The global batch of one optimizer step: x [world, k, mb, 8], y [world, k, mb, 4]."""
     g = torch.Generator().manual_seed(1000 + step)
@@ -129,33 +221,67 @@ def side_used(case, step, rank, micro, k):
     """Which micro-steps use the side branch: 'unused' uses it on rank 0's first micro-step only
     (never on the synchronising one), and on no rank in step 1 (unused everywhere in a window);
     'plain' always uses it."""
+    if case == "unused_one_rank":
+        return rank == 0 and micro == 0
     if case != "unused":
         return True  # "plain": every param gets a gradient in every micro-step
     return step != 1 and rank == 0 and micro == 0
 
 
-def make_optimizer(name, params):
+def optimizer_spec(name):
+    """(optimizer class, hyperparameters) of the tests' optimizer `name`."""
     import torchspeed
 
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
-    if name == "ts_adamw":
-        return torchspeed.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
-    raise ValueError(name)
+    specs = {
+        "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+        "adamw": (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
+        "ts_adamw": (torchspeed.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
+        "ts_sgd": (torchspeed.optim.SGD, dict(lr=0.1, momentum=0.9)),
+    }
+    return specs[name]
 
 
-def reference(case, world, k, steps, mb, dtype, opt_name, clip=None, scaler=False, freeze_at=None):
+def make_optimizer(name, params):
+    cls, kw = optimizer_spec(name)
+    return cls(params, **kw)
+
+
+def inject_inf(x, step, inf_at):
+    """An inf in rank 1's first sample of step `inf_at` (GradScaler must skip that step)."""
+    if step == inf_at:
+        x[1, 0, 0, 0] = float("inf")
+
+
+def reference(
+    case,
+    world,
+    k,
+    steps,
+    mb,
+    dtype,
+    opt_name,
+    clip=None,
+    scaler=False,
+    freeze_at=None,
+    inf_at=None,
+    start=None,
+    with_state=False,
+):
     """Single-process training over the same samples: each optimizer step accumulates the loss of
     every (rank, micro-step) chunk divided by world * k, which is the large-batch mean loss."""
     model = Net(dtype)
     opt = make_optimizer(opt_name, model.parameters())
     sc = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
-    for step in range(steps):
+    first = 0
+    if start is not None:  # resume: (step, model state_dict, plain optimizer state_dict)
+        first = start[0]
+        model.load_state_dict(start[1])
+        opt.load_state_dict(start[2])
+    for step in range(first, steps):
         if step == freeze_at:
             model.l1.weight.requires_grad_(False)
         x, y = window_data(step, world, k, mb, dtype)
+        inject_inf(x, step, inf_at)
         for r in range(world):
             for j in range(k):
                 out = model(x[r, j], use_side=side_used(case, step, r, j, k))
@@ -171,7 +297,10 @@ def reference(case, world, k, steps, mb, dtype, opt_name, clip=None, scaler=Fals
         else:
             opt.step()
         opt.zero_grad()
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    if with_state:  # the scale and the optimizer state as well
+        return params, (sc.get_scale() if sc else None), opt.state_dict()
+    return params
 
 
 def large_batch_reference(world, k, steps, mb, dtype, opt_name):

@@ -9,14 +9,16 @@ import zlib
 import numpy as np
 import pytest
 import torch
-
-torchspeed = pytest.importorskip("torchspeed")
-if not hasattr(torchspeed._C, "data"):
-    pytest.skip("torchspeed built without the data loader", allow_module_level=True)
-from data_helpers import Image, assert_matches_pil, jpeg_bytes, pil_pipeline, png_bytes, textured  # noqa: E402
-
-D = torchspeed._C.data
-needs_jpeg = pytest.mark.skipif(not D.with_jpeg, reason="built without libjpeg-turbo")
+from data_helpers import (
+    D,
+    Image,
+    assert_matches_pil,
+    jpeg_bytes,
+    needs_jpeg,
+    pil_pipeline,
+    png_bytes,
+    textured,
+)
 
 
 def options(**kw):
@@ -113,7 +115,7 @@ def test_random_resized_crop_and_flip_equal_reference(decode_scaling):
         scaled += draw["scale_denom"] > 1
         flipped += draw["flip"]
         out = D.process_image(jpg, o, 17, 2, idx)
-        assert_matches_pil(out, pil_pipeline(jpg, o, draw, (64, 48)))
+        assert_matches_pil(out, pil_pipeline(jpg, o, draw))
     assert 5 < flipped < 35
     assert (scaled > 0) == (decode_scaling == "fast")
 
@@ -177,7 +179,7 @@ def test_resize_center_crop_equals_reference():
         jpg = jpeg_bytes(textured(w, h, seed=idx))
         draw = D.draw_image_params(o, w, h, True, 0, 0, idx)
         out = D.process_image(jpg, o, 0, 0, idx)
-        assert_matches_pil(out, pil_pipeline(jpg, o, draw, (56, 56)))
+        assert_matches_pil(out, pil_pipeline(jpg, o, draw))
 
 
 @needs_jpeg
@@ -468,21 +470,7 @@ def hf_texture(w, h, seed):
 def torchvision_reference(data, o, d):
     """torchvision on PIL: full decode, then Resize / Resize+CenterCrop / RandomResizedCrop
     (crop then BILINEAR resize with antialias), then flip."""
-    img = Image.open(io.BytesIO(data)).convert("RGB")
-    oh, ow = o.height, o.width
-    if o.crop == "random_resized_crop":
-        t, left, h, w = d["top"], d["left"], d["height"], d["width"]
-        out = img.crop((left, t, left + w, t + h)).resize((ow, oh), Image.BILINEAR)
-    elif o.crop == "resize_center_crop":
-        rw, rh = d["resize_width"], d["resize_height"]
-        out = img.resize((rw, rh), Image.BILINEAR)
-        top, left = int(round((rh - oh) / 2.0)), int(round((rw - ow) / 2.0))
-        out = out.crop((left, top, left + ow, top + oh))
-    else:
-        out = img.resize((ow, oh), Image.BILINEAR)
-    if d["flip"]:
-        out = out.transpose(Image.FLIP_LEFT_RIGHT)
-    return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1).to(torch.int32)
+    return pil_pipeline(data, o, d, scaled_decode=False).to(torch.int32)
 
 
 def fidelity(mode, decode_scaling, size, resize_size, n=8, wh=(500, 375)):

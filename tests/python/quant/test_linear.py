@@ -490,3 +490,94 @@ def test_torch_compile_fullgraph():
         want = m(x)
         got = torch.compile(m, fullgraph=True, backend="eager")(x)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+# ---- issue 23: bad inputs (each test failed before its fix) -------------------------------------
+def _unchanged(m, before):
+    after = m.state_dict()
+    assert after.keys() == before.keys()
+    for k, v in before.items():
+        assert torch.equal(after[k], v), k
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_load_float_linear_state_dict_is_refused_before_any_change(strict):
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 8)
+    m = quant.Int8Linear.from_float(nn.Linear(16, 8))
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with pytest.raises(RuntimeError, match=r"float weight \(torch.float32\).*from_float"):
+        m.load_state_dict(lin.state_dict(), strict=strict)
+    _unchanged(m, before)
+    # nested in a model too: the layer is left as it was
+    net = nn.Sequential(quant.Int8Linear.from_float(nn.Linear(16, 8)))
+    nbefore = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(RuntimeError, match="from_float"):
+        net.load_state_dict(nn.Sequential(lin).state_dict(), strict=strict)
+    _unchanged(net, nbefore)
+
+
+def test_load_state_dict_with_wrong_dtype_shape_or_values_is_refused():
+    m = quant.Int8Linear.from_float(nn.Linear(16, 8))
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    good = quant.Int8Linear.from_float(nn.Linear(16, 8)).state_dict()
+    cases = [
+        ("weight", good["weight"][:4], r"'weight'\] must be torch.int8 of shape \[8, 16\]"),
+        ("weight_scale", good["weight_scale"].double(), r"'weight_scale'\] must be torch.float32"),
+        ("bias", good["bias"][:3], r"'bias'\] must be torch.float32 of shape \[8\]"),
+        ("weight", torch.full((8, 16), -128, dtype=torch.int8), r"\[-127, 127\]"),
+    ]
+    for key, value, match in cases:
+        for strict in (True, False):
+            with pytest.raises(RuntimeError, match=match):
+                m.load_state_dict({**good, key: value}, strict=strict)
+            _unchanged(m, before)
+    m.load_state_dict(good)
+    assert torch.equal(m.weight, good["weight"])
+
+
+def test_quantize_dynamic_rejects_a_non_module():
+    for bad in ("not a model", None, [nn.Linear(2, 2)]):
+        with pytest.raises(TypeError, match="quantize_dynamic: model must be an nn.Module"):
+            quant.quantize_dynamic(bad)
+    with pytest.raises(TypeError, match="inplace must be a bool"):
+        quant.quantize_dynamic(nn.Sequential(nn.Linear(2, 2)), inplace="yes")
+
+
+def test_inf_row_gives_nan_row_and_leaves_the_others(int8_path):
+    """Documented in docs/QUANT.md: a row holding inf gives a NaN row (a float nn.Linear gives
+    +-inf there); the other rows are the same bits as without it."""
+    torch.manual_seed(0)
+    lin = nn.Linear(32, 6)
+    m = quant.Int8Linear.from_float(lin)
+    x = torch.randn(4, 32)
+    bad = x.clone()
+    bad[1, 3] = float("inf")
+    bad[2, 0] = -float("inf")
+    with torch.no_grad():
+        clean, out, ref = m(x), m(bad), lin(bad)
+    assert torch.isnan(out[1:3]).all()
+    assert torch.isinf(ref[1:3]).all()  # what the float layer gives instead
+    assert torch.equal(out[[0, 3]], clean[[0, 3]])
+
+
+def test_adversarial_pass_types_and_non_finite_weights():
+    """Adversarial pass (issue 23): a NaN weight gave a NaN scale (every output NaN), a list x
+    raised AttributeError, relu=1 went through, and modules_to_not_convert=5 raised Python's
+    own 'int' object is not iterable."""
+    bad = nn.Linear(8, 4)
+    with torch.no_grad():
+        bad.weight[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="from_float: linear.weight must be finite"):
+        quant.Int8Linear.from_float(bad)
+    m = quant.Int8Linear.from_float(nn.Linear(8, 4))
+    with pytest.raises(TypeError, match="Int8Linear: x must be a tensor, got list"):
+        m([[0.0] * 8])
+    packed = quant.int8_pack_weight(m.weight)
+    with pytest.raises(TypeError, match="int8_linear: relu must be a bool, got 1"):
+        quant.int8_linear(torch.randn(2, 8), packed, m.weight_scale, None, 1)
+    net = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    with pytest.raises(TypeError, match="modules_to_not_convert must be qualified module names"):
+        quant.quantize_dynamic(net, modules_to_not_convert=5)
+    q = quant.quantize_dynamic(net, modules_to_not_convert=(n for n in ["1"]))
+    assert isinstance(q[0], quant.Int8Linear) and type(q[1]) is nn.Linear

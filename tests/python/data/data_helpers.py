@@ -5,10 +5,26 @@ import os
 import tarfile
 
 import numpy as np
+import pytest
 import torch
 
-PIL = __import__("pytest").importorskip("PIL")
+PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
+
+from torchspeed._native import AreaNotBuiltError, native_module  # noqa: E402
+from torchspeed.data.pil_reference import pil_reference  # noqa: E402
+
+
+def native_data():
+    """torchspeed._C.data; skips the test module that asks when this build has no data area."""
+    try:
+        return native_module("data")
+    except AreaNotBuiltError as e:
+        pytest.skip(str(e), allow_module_level=True)
+
+
+D = native_data()  # every data test module imports this file: all skip without the area
+needs_jpeg = pytest.mark.skipif(not D.with_jpeg, reason="torchspeed built without libjpeg-turbo")
 
 
 def textured(w, h, seed, noise=12.0):
@@ -69,37 +85,10 @@ def make_shards(root, n_shards=3, per_shard=12, corrupt=(), size=(60, 45)):
     return urls
 
 
-def pil_pipeline(jpg, options, draw, out_hw):
-    """torchvision-on-PIL reference of the loader's image pipeline given its draws."""
-    img = Image.open(io.BytesIO(jpg))
-    f = draw["scale_denom"]
-    W, H = img.size
-    if f > 1:
-        img.draft("RGB", (W // f, H // f))
-        assert img.size == (-(-W // f), -(-H // f)), img.size
-    img = img.convert("RGB")
-    oh, ow = out_hw
-    if options.crop == "random_resized_crop":
-        t, left, h, w = draw["top"], draw["left"], draw["height"], draw["width"]
-        if f == 1:
-            out = img.crop((left, t, left + w, t + h)).resize((ow, oh), Image.BILINEAR)
-        else:
-            fx0, fy0, fx1, fy1 = left / f, t / f, (left + w) / f, (t + h) / f
-            ix0, iy0 = int(np.floor(fx0)), int(np.floor(fy0))
-            ix1, iy1 = min(int(np.ceil(fx1)), img.size[0]), min(int(np.ceil(fy1)), img.size[1])
-            out = img.crop((ix0, iy0, ix1, iy1)).resize(
-                (ow, oh), Image.BILINEAR, box=(fx0 - ix0, fy0 - iy0, fx1 - ix0, fy1 - iy0)
-            )
-    elif options.crop == "resize_center_crop":
-        rw, rh = draw["resize_width"], draw["resize_height"]
-        out = img.resize((rw, rh), Image.BILINEAR)
-        top, left = int(round((rh - oh) / 2.0)), int(round((rw - ow) / 2.0))
-        out = out.crop((left, top, left + ow, top + oh))
-    else:
-        raise NotImplementedError(options.crop)
-    if draw["flip"]:
-        out = out.transpose(Image.FLIP_LEFT_RIGHT)
-    return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1).contiguous()
+def pil_pipeline(jpg, options, draw, scaled_decode=True):
+    """torchspeed.data.pil_reference (torchvision on PIL given the loader's draws) as uint8 CHW."""
+    out = pil_reference(jpg, options, draw, scaled_decode=scaled_decode)
+    return torch.from_numpy(out.copy()).permute(2, 0, 1).contiguous()
 
 
 def assert_matches_pil(out, ref):

@@ -8,6 +8,7 @@ MASTER_ADDR, MASTER_PORT): trains with AccumulatingDDP on Gloo and writes what t
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import gc
 import json
@@ -19,7 +20,19 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from dist_helpers import Net, make_optimizer, side_used, token_data, window_data
+from dist_helpers import (
+    CASES,
+    MAIN4,
+    ZERO4,
+    ZERO_CASES,
+    Net,
+    inject_inf,
+    make_optimizer,
+    optimizer_spec,
+    side_used,
+    token_data,
+    window_data,
+)
 from torch import nn
 
 import torchspeed
@@ -284,101 +297,96 @@ def hardening_case():
     return facts
 
 
+# ---- ZeRO-1 ----------------------------------------------------------------------------------------
+
+
+def zero_train(
+    case,
+    dtype,
+    opt_name,
+    k,
+    steps,
+    mb=4,
+    clip=None,
+    scaler=False,
+    inf_at=None,
+    compression=None,
+    save_at=None,
+    resume=None,
+):
+    """AccumulatingDDP(zero=1) with a ZeroOptimizer over `opt_name`, the loop of train(); resume
+    from {"step", "model", "optimizers": every old rank's state dict} (any world size)."""
+    pg = dist.distributed_c10d._get_default_group()
+    model = wrapped_net(dtype, accumulation_steps=k, zero=1, compression=compression)
+    cls, kw = optimizer_spec(opt_name)
+    opt = model.zero_optimizer(cls, **kw)
+    sc = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
+    first = 0
+    if resume is not None:
+        model.module.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["optimizers"])
+        first = resume["step"]
+    micro, saved = [], None
+    for step in range(first, steps):
+        x, y = window_data(step, WORLD, k, mb, dtype)
+        inject_inf(x, step, inf_at)
+        for j in range(k):
+            s0 = seq(pg)
+            out = model(x[RANK, j], use_side=side_used(case, step, RANK, j, k))
+            loss = nn.functional.mse_loss(out, y[RANK, j]) / k
+            (sc.scale(loss) if sc else loss).backward()
+            micro.append({"sync_now": model.sync_now, "collectives": seq(pg) - s0})
+        if sc:
+            sc.unscale_(opt)
+        if clip:
+            model.clip_grad_norm_(clip)
+        if sc:
+            sc.step(opt)
+            sc.update()
+        else:
+            opt.step()
+        opt.zero_grad()
+        if save_at == step + 1:
+            saved = {
+                "step": step + 1,
+                "model": {n: t.clone() for n, t in model.module.state_dict().items()},
+                "optimizer": copy.deepcopy(opt.state_dict()),  # as torch.save would freeze it
+            }
+    return {
+        "params": {n: p.detach().clone() for n, p in model.module.named_parameters()},
+        "micro": micro,
+        "stats": model.stats(),
+        "scale": float(sc.get_scale()) if sc else None,
+        "saved": saved,
+    }
+
+
+def zero_scenario(names, resume_path=None):
+    results = {name: zero_train(**ZERO_CASES[name]) for name in names}
+    resume_case = dict(case="plain", dtype=torch.float64, opt_name="adamw", k=2, steps=4)
+    results["z_resume"] = zero_train(**resume_case, save_at=2 if resume_path is None else 3)
+    if resume_path is not None:  # another world size's checkpoint, re-sharded here
+        results["z_resumed"] = zero_train(**resume_case, resume=torch.load(resume_path))
+    return results
+
+
 def main(scenario: str):
     timeout = datetime.timedelta(seconds=float(os.environ.get("TS_PG_TIMEOUT", "60")))
     dist.init_process_group("gloo", rank=RANK, world_size=WORLD, timeout=timeout)
     results, facts = {}, {"torchspeed": torchspeed.__version__}
     if scenario in ("main", "main4"):
-        cases = {
-            "f64_sgd": dict(case="plain", dtype=torch.float64, opt_name="sgd", k=3, steps=3),
-            "f32_ts_adamw": dict(
-                case="plain", dtype=torch.float32, opt_name="ts_adamw", k=2, steps=3
-            ),
-        }
-        if scenario == "main":
-            cases.update(
-                {
-                    "f64_no_sync": dict(
-                        case="plain",
-                        dtype=torch.float64,
-                        opt_name="sgd",
-                        k=3,
-                        steps=3,
-                        style="no_sync",
-                    ),
-                    "f64_micro_batch": dict(
-                        case="plain",
-                        dtype=torch.float64,
-                        opt_name="sgd",
-                        k=3,
-                        steps=3,
-                        style="micro_batch",
-                    ),
-                    "f32_bf16": dict(
-                        case="plain",
-                        dtype=torch.float32,
-                        opt_name="sgd",
-                        k=2,
-                        steps=3,
-                        compression="bf16",
-                    ),
-                    "f32_fp16": dict(
-                        case="plain",
-                        dtype=torch.float32,
-                        opt_name="sgd",
-                        k=2,
-                        steps=3,
-                        compression="fp16",
-                    ),
-                    "f32_none": dict(
-                        case="plain", dtype=torch.float32, opt_name="sgd", k=2, steps=3
-                    ),
-                    "unused_sgd": dict(
-                        case="unused",
-                        dtype=torch.float64,
-                        opt_name="sgd",
-                        k=3,
-                        steps=3,
-                        find_unused=True,
-                    ),
-                    "unused_adamw": dict(
-                        case="unused",
-                        dtype=torch.float64,
-                        opt_name="adamw",
-                        k=3,
-                        steps=3,
-                        find_unused=True,
-                    ),
-                    # One window: the side branch used on rank 0's first micro-step only.
-                    "unused_no_find": dict(
-                        case="unused", dtype=torch.float64, opt_name="sgd", k=3, steps=1
-                    ),
-                    # l1.weight frozen after wrapping, before step 1: its .grad stays None.
-                    "frozen_adamw": dict(
-                        case="plain",
-                        dtype=torch.float64,
-                        opt_name="adamw",
-                        k=2,
-                        steps=3,
-                        freeze_at=1,
-                    ),
-                    "f32_scaler_clip": dict(
-                        case="plain",
-                        dtype=torch.float32,
-                        opt_name="sgd",
-                        k=2,
-                        steps=3,
-                        clip=0.05,
-                        scaler=True,
-                    ),
-                }
-            )
+        names = MAIN4 if scenario == "main4" else tuple(CASES)
+        cases = {name: CASES[name] for name in names}
         for name, kw in cases.items():
             _, results[name] = train(**kw)
         if scenario == "main":
             results["tokens"] = token_case(k=3, steps=3)
             facts["unused_grads"] = unused_grads_case()
             facts["state_dict"] = state_dict_case()
+    elif scenario == "zero":
+        results.update(zero_scenario(tuple(ZERO_CASES)))
+    elif scenario == "zero4":
+        results.update(zero_scenario(ZERO4, os.environ["TS_ZERO_RESUME"]))
     elif scenario == "hardening":
         facts["hardening"] = hardening_case()
     elif scenario.startswith("join_"):

@@ -11,12 +11,9 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from data_helpers import write_tar  # tarfile writes mtime 0: headers depend on name and size only
+from data_helpers import D, write_tar  # write_tar: mtime 0, headers depend on name and size only
 
-from torchspeed import _C
 from torchspeed.data import DataLoader, NpySource, WebDataset
-
-pytestmark = pytest.mark.skipif(not hasattr(_C, "data"), reason="built without the data loader")
 
 
 def text_samples(n, prefix="k", size=lambda i: 100 + 37 * i):
@@ -197,7 +194,7 @@ def test_stale_index_same_size_other_order_is_rebuilt(tmp_path):
     path = str(tmp_path / "shard.tar")
     a = text_samples(50)
     write_tar(path, a)
-    assert _C.data.write_shard_index(path) == 50
+    assert D.write_shard_index(path) == 50
     b = list(reversed(a))  # same members, other order: same size, every offset moves
     time.sleep(0.01)
     write_tar(path, b)
@@ -212,7 +209,7 @@ def test_stale_index_with_kept_mtime_is_caught_by_header_check(tmp_path):
     path = str(tmp_path / "shard.tar")
     a = text_samples(50)
     write_tar(path, a)
-    _C.data.write_shard_index(path)
+    D.write_shard_index(path)
     st = os.stat(path)
     b = text_samples(50, prefix="q")  # other members, same sizes (rsync -t, tar -x keep mtimes)
     write_tar(path, b)
@@ -227,7 +224,7 @@ def test_stale_index_missed_by_spot_checks_fails_per_sample_never_silently(tmp_p
     path = str(tmp_path / "shard.tar")
     a = text_samples(50, size=lambda i: 300)  # equal sizes: swapping two keeps every offset
     write_tar(path, a)
-    _C.data.write_shard_index(path)
+    D.write_shard_index(path)
     st = os.stat(path)
     b = list(a)
     b[3], b[4] = b[4], b[3]  # not among the spot-checked members (0, 7, ..., 49)
@@ -250,7 +247,7 @@ def test_old_index_format_is_rebuilt_with_a_warning(tmp_path):
     path = str(tmp_path / "shard.tar")
     a = text_samples(20)
     write_tar(path, a)
-    _C.data.write_shard_index(path)
+    D.write_shard_index(path)
     with open(path + ".idx", "r+b") as f:
         assert f.read(8) == b"TSIDX003"
         f.seek(5)
@@ -264,7 +261,7 @@ def test_fresh_index_is_used_without_warning(tmp_path):
     path = str(tmp_path / "shard.tar")
     a = text_samples(20)
     write_tar(path, a)
-    _C.data.write_shard_index(path)
+    D.write_shard_index(path)
     with open(path + ".idx", "rb") as f:
         idx = f.read()
     with warnings.catch_warnings():
@@ -313,3 +310,24 @@ def test_ctrl_c_stops_indexing_many_shards(tmp_path):
     assert p.returncode == 0, (p.returncode, err[-3000:])
     assert out.startswith("INTERRUPTED"), out
     assert elapsed < 1.0, f"exited {elapsed:.2f} s after SIGINT"
+
+
+def test_a_build_without_the_data_area_says_which_option_builds_it(monkeypatch, tmp_path):
+    # As a TORCHSPEED_WITH_DATA=OFF build: torchspeed._C has no data module.
+    import torchspeed
+    from torchspeed._native import AreaNotBuiltError
+    from torchspeed.data import TensorSource
+    from torchspeed.data.shard_writer import ShardWriter
+
+    monkeypatch.delattr(torchspeed._C, "data")
+    for make in (
+        lambda: TensorSource(torch.zeros(4)),
+        lambda: NpySource(str(tmp_path / "x.npy")),
+        lambda: WebDataset(str(tmp_path / "x.tar"), fields=("txt",)),
+    ):
+        with pytest.raises(AreaNotBuiltError, match="TORCHSPEED_WITH_DATA=ON"):
+            make()
+    # Writing shards needs no native code: they are written, without their .tar.idx index.
+    with ShardWriter(str(tmp_path / "out")) as w:
+        w.write("a", {"txt": b"x"})
+    assert os.path.exists(w.paths[0]) and not os.path.exists(w.paths[0] + ".idx")

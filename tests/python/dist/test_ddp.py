@@ -1,5 +1,5 @@
-"""torchspeed.dist: the bucket op scale_cast_ (every ISA, against a torch reference, opcheck, bad
-input) and AccumulatingDDP on 2 and 4 Gloo processes on 127.0.0.1 against single-process training
+"""torchspeed.dist.AccumulatingDDP (torchspeed/dist/ddp.py): argument checks and world-size-one
+behaviour in this process, and 2 and 4 Gloo processes on 127.0.0.1 against single-process training
 (dist_worker.py runs the ranks; each launch is bounded in time and leaves no process behind)."""
 
 from __future__ import annotations
@@ -13,9 +13,13 @@ import sys
 import pytest
 import torch
 from dist_helpers import (
+    DIST_MISSING,
+    F32,
+    F64,
     HERE,
     Net,
     assert_all_ok,
+    case_reference,
     free_port,
     large_batch_reference,
     launch,
@@ -23,123 +27,11 @@ from dist_helpers import (
     token_reference,
     window_data,
 )
-from support import cuda_skip_reason
 from torch import nn
 
-import torchspeed
+from torchspeed.dist import AccumulatingDDP
 
-pytestmark = pytest.mark.skipif(
-    not hasattr(torchspeed._C, "dist"), reason="torchspeed built without the dist area"
-)
-
-F64 = dict(rtol=1e-12, atol=1e-14)  # the issue's float64 bound: 1e-12 relative
-F32 = dict(rtol=1e-5, atol=1e-6)  # float32: 1e-5 relative (atol for values near zero)
-
-# ---- scale_cast_ ----------------------------------------------------------------------------------
-
-PAIRS = [
-    (torch.float32, torch.float32),
-    (torch.float32, torch.bfloat16),
-    (torch.float32, torch.float16),
-    (torch.bfloat16, torch.float32),
-    (torch.float16, torch.float32),
-    (torch.bfloat16, torch.bfloat16),
-    (torch.float16, torch.bfloat16),
-    (torch.float64, torch.float64),
-]
-
-
-def scale_cast_reference(src, scale, out_dtype):
-    """fp32 arithmetic (fp64 for fp64), one rounding into the output dtype, as torch rounds."""
-    if src.dtype == torch.float64:
-        return src * scale
-    return (src.float() * torch.tensor(scale, dtype=torch.float32)).to(out_dtype)
-
-
-@pytest.mark.parametrize("src_dtype,out_dtype", PAIRS, ids=lambda d: str(d).split(".")[-1])
-@pytest.mark.parametrize("n", [0, 1, 7, 8, 17, 33, 1000, 70000])
-def test_scale_cast_matches_torch_bit_for_bit(device, src_dtype, out_dtype, n):
-    g = torch.Generator().manual_seed(n)
-    src = (torch.randn(n, generator=g, dtype=torch.float64) * 100).to(src_dtype).to(device)
-    out = torch.empty(n, dtype=out_dtype, device=device)
-    scale = 1.0 / 3.0
-    torchspeed.ops.scale_cast_(out, src, scale)
-    torch.testing.assert_close(out, scale_cast_reference(src, scale, out_dtype), rtol=0, atol=0)
-
-
-def test_scale_cast_extremes_round_like_torch(device):
-    src = torch.tensor(
-        [0.0, -0.0, 1e-45, -3.4e38, 3.4e38, 65504.0, 65520.0, 1e-8, float("inf"), -float("inf")]
-        + [1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 1.0 + 2.0**-11],
-        device=device,
-    )
-    for dtype in (torch.bfloat16, torch.float16):
-        out = torch.empty(len(src), dtype=dtype, device=device)
-        torchspeed.ops.scale_cast_(out, src, 1.0)
-        torch.testing.assert_close(out, src.to(dtype), rtol=0, atol=0, equal_nan=True)
-    nan = torch.full((9,), float("nan"), device=device)
-    out = torch.empty(9, dtype=torch.bfloat16, device=device)
-    torchspeed.ops.scale_cast_(out, nan, 0.5)
-    assert out.float().isnan().all()
-
-
-def test_scale_cast_in_place(device):
-    x = torch.arange(100, dtype=torch.float32, device=device)
-    torchspeed.ops.scale_cast_(x, x, 0.5)
-    torch.testing.assert_close(x, torch.arange(100, dtype=torch.float32, device=device) * 0.5)
-
-
-@pytest.mark.parametrize(
-    "make,match",
-    [
-        (lambda: (torch.empty(4), torch.empty(5)), "out must have as many elements as src"),
-        (
-            lambda: (torch.empty(4, dtype=torch.float32), torch.empty(4, dtype=torch.float64)),
-            "float64 -> float64",
-        ),
-        (lambda: (torch.empty(4, dtype=torch.int32), torch.empty(4)), "out must be float32"),
-        (lambda: (torch.empty(4, 2).t(), torch.empty(8)), "out must be contiguous"),
-        (lambda: (torch.empty(8), torch.empty(4, 2).t()), "src must be contiguous"),
-        (lambda: (torch.empty(1).expand(4), torch.empty(4)), "out must be contiguous|overlap"),
-    ],
-)
-def test_scale_cast_rejects_bad_input_before_writing(make, match):
-    out, src = make()
-    before = out.clone() if out.dtype.is_floating_point else None
-    with pytest.raises(RuntimeError, match=match):
-        torchspeed.ops.scale_cast_(out, src, 2.0)
-    if before is not None and out.is_contiguous():
-        assert torch.equal(out, before) or before.isnan().any()
-
-
-def test_scale_cast_rejects_overlap_and_nonfinite_scale():
-    buf = torch.zeros(16)
-    with pytest.raises(RuntimeError, match="must be src itself or not overlap it"):
-        torchspeed.ops.scale_cast_(buf[4:12], buf[0:8], 2.0)
-    with pytest.raises(RuntimeError, match="scale must be finite"):
-        torchspeed.ops.scale_cast_(buf, buf, float("inf"))
-    with pytest.raises(RuntimeError, match="must be a dense"):
-        torchspeed.ops.scale_cast_(torch.zeros(3).to_sparse(), torch.zeros(3), 1.0)
-
-
-@pytest.mark.parametrize("src_dtype,out_dtype", PAIRS, ids=lambda d: str(d).split(".")[-1])
-def test_scale_cast_cuda_kernel_equals_the_cpu_kernel(src_dtype, out_dtype):
-    reason = cuda_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    src = (torch.randn(100_003, dtype=torch.float64) * 30).to(src_dtype)
-    cpu = torch.empty(src.numel(), dtype=out_dtype)
-    gpu = torch.empty(src.numel(), dtype=out_dtype, device="cuda")
-    torchspeed.ops.scale_cast_(cpu, src, 0.125)
-    torchspeed.ops.scale_cast_(gpu, src.cuda(), 0.125)
-    torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=0)
-
-
-def test_scale_cast_opcheck():
-    out = torch.empty(33, dtype=torch.bfloat16)
-    src = torch.randn(33)
-    torch.library.opcheck(torch.ops.torchspeed.scale_cast_.default, (out, src, 0.25))
-
+pytestmark = pytest.mark.skipif(DIST_MISSING is not None, reason=str(DIST_MISSING))
 
 # ---- AccumulatingDDP: construction errors (one process, world size 1) ---------------------------
 
@@ -154,8 +46,6 @@ def single_group(tmp_path):
 
 
 def test_wrapper_validates_its_arguments(single_group):
-    from torchspeed.dist import AccumulatingDDP
-
     net = Net()
     with pytest.raises(ValueError, match="accumulation_steps must be >= 1, got 0"):
         AccumulatingDDP(net, accumulation_steps=0, process_group=single_group)
@@ -198,8 +88,6 @@ BAD_ARGUMENTS = [
 def test_bad_arguments_raise_torchs_exception_types_before_any_change(
     single_group, kwargs, error, match
 ):
-    from torchspeed.dist import AccumulatingDDP
-
     net = Net()
     before = {n: p.clone() for n, p in net.state_dict().items()}
     with pytest.raises(error, match=match):
@@ -209,8 +97,6 @@ def test_bad_arguments_raise_torchs_exception_types_before_any_change(
 
 
 def test_a_huge_bucket_cap_means_one_bucket_per_dtype(single_group):
-    from torchspeed.dist import AccumulatingDDP
-
     model = AccumulatingDDP(
         Net(), process_group=single_group, bucket_cap_mb=1e300, first_bucket_cap_mb=1e300
     )
@@ -221,8 +107,6 @@ def test_clip_grad_norm_follows_torch_for_zero_and_inf(single_group):
     """Issue 23 item 24: torch's clip_grad_norm_(..., 0) zeroes the grads and returns the norm;
     inf measures only. Negative (torch flips the sign) and NaN raise ValueError, a bad type
     TypeError, with the grads untouched."""
-    from torchspeed.dist import AccumulatingDDP
-
     model = AccumulatingDDP(Net(), process_group=single_group)
     x, y = window_data(0, 1, 1, 4, torch.float64)
     nn.functional.mse_loss(model(x[0, 0], use_side=True), y[0, 0]).backward()
@@ -252,8 +136,6 @@ def test_clip_grad_norm_follows_torch_for_zero_and_inf(single_group):
 
 
 def test_methods_refuse_bad_types_and_values(single_group):
-    from torchspeed.dist import AccumulatingDDP
-
     model = AccumulatingDDP(Net(), process_group=single_group)
     what = "global_mean_factor: count must be"
     for bad, error in (
@@ -278,8 +160,6 @@ def test_methods_refuse_bad_types_and_values(single_group):
 
 
 def test_methods_validate_their_arguments(single_group):
-    from torchspeed.dist import AccumulatingDDP
-
     with pytest.raises(TypeError, match="process_group must be a torch.distributed ProcessGroup"):
         AccumulatingDDP(Net(), process_group="gloo")
     model = AccumulatingDDP(Net(), process_group=single_group)
@@ -298,8 +178,6 @@ def test_a_backward_without_a_forward_counts_as_the_next_micro_step(single_group
     """A micro-step is one backward: a second backward of the synchronising micro-step's graph
     (retain_graph) does not reduce again, it accumulates as the first micro-step of the next
     window, and sync_now then follows the shorter remaining window."""
-    from torchspeed.dist import AccumulatingDDP
-
     model = AccumulatingDDP(Net(), accumulation_steps=2, process_group=single_group)
     x = torch.randn(3, 8, dtype=torch.float64)
     model(x, use_side=True).sum().backward()
@@ -335,8 +213,6 @@ def test_layouts_dtypes_and_buffers_match_plain_training_exactly(single_group, d
     with a channels_last conv weight (its bucket view keeps the param's strides), bf16 or fp32
     convs next to a float64 head (one bucket per dtype), BatchNorm buffers broadcast at each
     synchronising forward, and bf16 compression (a no-op on bf16 buckets)."""
-    from torchspeed.dist import AccumulatingDDP
-
     plain, wrapped = _ConvNet(), _ConvNet()
     for m in (plain, wrapped):
         m.conv.to(dtype)
@@ -375,8 +251,6 @@ def test_reentrant_checkpoint_is_refused_with_the_fix(single_group):
     reduction early: a clear error names the supported form; use_reentrant=False works."""
     import torch.utils.checkpoint as cp
 
-    from torchspeed.dist import AccumulatingDDP
-
     class Checkpointed(nn.Module):
         def __init__(self, reentrant):
             super().__init__()
@@ -397,8 +271,6 @@ def test_reentrant_checkpoint_is_refused_with_the_fix(single_group):
 def test_wrapper_needs_a_process_group():
     import torch.distributed as dist
 
-    from torchspeed.dist import AccumulatingDDP
-
     if dist.is_initialized():
         pytest.skip("a default process group exists in this process")
     with pytest.raises(RuntimeError, match="init_process_group"):
@@ -407,8 +279,6 @@ def test_wrapper_needs_a_process_group():
 
 def test_world_size_one_equals_plain_training(single_group):
     """One rank: the wrapper must not change the math (the average over one rank is the sum)."""
-    from torchspeed.dist import AccumulatingDDP
-
     k, steps = 3, 2
     model = AccumulatingDDP(
         Net(),
@@ -437,41 +307,10 @@ def test_world_size_one_equals_plain_training(single_group):
         )
 
 
-def test_nccl_world_size_one_on_the_gpu(tmp_path):
-    """The NCCL path: a one-rank NCCL group on cuda:0, accumulation and compression, against the
-    same training without the wrapper (GPU check script)."""
-    import torch.distributed as dist
-
-    from torchspeed.dist import AccumulatingDDP
-
-    reason = cuda_skip_reason() or (None if dist.is_nccl_available() else "torch without NCCL")
-    if reason:
-        pytest.skip(reason)
-    store = dist.FileStore(str(tmp_path / "nccl_store"), 1)
-    group = dist.ProcessGroupNCCL(store, 0, 1)
-    for compression in (None, "bf16"):
-        net = Net(torch.float32).cuda()
-        ref = Net(torch.float32).cuda()
-        model = AccumulatingDDP(
-            net, accumulation_steps=2, process_group=group, compression=compression
-        )
-        opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (net, ref))
-        x, y = (t.cuda() for t in window_data(0, 1, 2, 8, torch.float32))
-        for m, o in ((model, opt), (ref, ref_opt)):
-            for j in range(2):
-                nn.functional.mse_loss(m(x[0, j], use_side=True), y[0, j]).div(2).backward()
-            o.step()
-        tol = F32 if compression is None else dict(rtol=1e-2, atol=1e-3)
-        for (n, p), q in zip(net.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p, q, **tol, msg=n)
-        assert model.stats()["bucket_collectives"] == model.stats()["buckets"]
-
-
 def test_the_exposed_wait_is_the_comm_phase_of_the_step_profiler(single_group):
     """The reducer's wait after backward is recorded as the "comm" phase on torchspeed's clock, so
     StepProfiler's breakdown (and the doctor) sees communication separately from backward."""
     import torchspeed.profile as tsp
-    from torchspeed.dist import AccumulatingDDP
 
     model = AccumulatingDDP(Net(), accumulation_steps=2, process_group=single_group)
     x, y = window_data(0, 1, 2, 64, torch.float64)
@@ -521,7 +360,7 @@ def _params_equal_on_every_rank(records, case, ref, tol):
 @pytest.mark.parametrize("world", [2, 4])
 def test_params_equal_single_process_large_batch_float64(world, main2, main4):
     records = main2 if world == 2 else main4
-    ref = reference("plain", world, 3, 3, 4, torch.float64, "sgd")
+    ref = case_reference("f64_sgd", world)
     _params_equal_on_every_rank(records, "f64_sgd", ref, F64)
     # and the chunked reference is large-batch training itself
     big = large_batch_reference(world, 3, 3, 4, torch.float64, "sgd")
@@ -532,13 +371,13 @@ def test_params_equal_single_process_large_batch_float64(world, main2, main4):
 @pytest.mark.parametrize("world", [2, 4])
 def test_params_equal_single_process_float32_with_torchspeed_adamw(world, main2, main4):
     records = main2 if world == 2 else main4
-    ref = reference("plain", world, 2, 3, 4, torch.float32, "ts_adamw")
+    ref = case_reference("f32_ts_adamw", world)
     _params_equal_on_every_rank(records, "f32_ts_adamw", ref, F32)
 
 
 @pytest.mark.parametrize("case", ["f64_no_sync", "f64_micro_batch"])
 def test_torch_style_no_sync_and_the_context_manager_give_the_same_result(main2, case):
-    ref = reference("plain", 2, 3, 3, 4, torch.float64, "sgd")
+    ref = case_reference(case, 2)
     _params_equal_on_every_rank(main2, case, ref, F64)
 
 
@@ -573,7 +412,7 @@ def test_bytes_reduced_per_step_equal_gradient_bytes(main2, case, ratio):
 
 @pytest.mark.parametrize("case", ["f32_bf16", "f32_fp16"])
 def test_compression_stays_close_and_really_compresses(main2, case):
-    ref = reference("plain", 2, 2, 3, 4, torch.float32, "sgd")
+    ref = case_reference("f32_none", 2)
     exact = main2[0]["pt"]["f32_none"]["params"]
     got = main2[0]["pt"][case]["params"]
     _params_equal_on_every_rank(main2, "f32_none", ref, F32)
@@ -589,16 +428,16 @@ def test_compression_stays_close_and_really_compresses(main2, case):
     )
 
 
-@pytest.mark.parametrize("case,opt", [("unused_sgd", "sgd"), ("unused_adamw", "adamw")])
-def test_params_unused_in_some_micro_steps_get_correct_gradients(main2, case, opt):
+@pytest.mark.parametrize("case", ["unused_sgd", "unused_adamw"])
+def test_params_unused_in_some_micro_steps_get_correct_gradients(main2, case):
     """pytorch#69031: a param used only in a non-synchronising micro-step (and, in step 1, by no
     rank at all) must be reduced with what it accumulated, and left alone when nobody used it."""
-    ref = reference("unused", 2, 3, 3, 4, torch.float64, opt)
+    ref = case_reference(case, 2)
     _params_equal_on_every_rank(main2, case, ref, F64)
 
 
 def test_unused_param_without_find_unused_still_correct_in_its_window(main2):
-    ref = reference("unused", 2, 3, 1, 4, torch.float64, "sgd")
+    ref = case_reference("unused_no_find", 2)
     _params_equal_on_every_rank(main2, "unused_no_find", ref, F64)
 
 
@@ -610,7 +449,7 @@ def test_find_unused_leaves_grads_of_params_no_rank_used_none(main2):
 
 
 def test_grad_scaler_and_clipping_once_at_the_boundary(main2):
-    ref = reference("plain", 2, 2, 3, 4, torch.float32, "sgd", clip=0.05, scaler=True)
+    ref = case_reference("f32_scaler_clip", 2)
     _params_equal_on_every_rank(main2, "f32_scaler_clip", ref, F32)
     unclipped = reference("plain", 2, 2, 3, 4, torch.float32, "sgd", scaler=True)
     assert not torch.allclose(ref["l1.weight"], unclipped["l1.weight"]), "clipping must bite here"
@@ -641,7 +480,7 @@ def test_a_param_frozen_after_wrapping_keeps_grad_none_and_does_not_move(main2):
     """Issue 23 item 3: l1.weight frozen (requires_grad_(False)) on every rank after step 0 of 3,
     AdamW with weight decay: its .grad stays None, so it keeps its value, and every param equals
     the single-process run frozen at the same step (a zero .grad moved it by weight decay)."""
-    ref = reference("plain", 2, 2, 3, 4, torch.float64, "adamw", freeze_at=1)
+    ref = case_reference("frozen_adamw", 2)
     _params_equal_on_every_rank(main2, "frozen_adamw", ref, F64)
     after_step0 = reference("plain", 2, 2, 1, 4, torch.float64, "adamw")["l1.weight"]
     for r in main2:
@@ -735,7 +574,7 @@ def test_a_killed_rank_ends_the_others_with_an_error_within_the_timeout(tmp_path
 
 
 def test_torchrun_runs_the_python_example(tmp_path):
-    example = HERE.parents[1] / "examples" / "python" / "ddp_accumulate.py"
+    example = HERE.parents[2] / "examples" / "python" / "ddp_accumulate.py"
     if not example.exists():
         pytest.skip("examples/python/ddp_accumulate.py is not in this checkout")
     torchrun = shutil.which("torchrun")

@@ -1,7 +1,7 @@
 // CPU implementation of torchspeed::int8_pack_weight and int8_linear: validates (shapes, the
 // weight's range, the packed buffer's header against the running int8 path), then runs the ISA
-// table's int8 kernels (kernels/cpu/int8_gemm.h): per-row quantization of x in parallel over rows,
-// then the GEMM in parallel over blocks of rows x output channels.
+// table's int8 kernels (kernels/cpu/quant_int8_gemm.h): per-row quantization of x in parallel over
+// rows, then the GEMM in parallel over blocks of rows x output channels.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

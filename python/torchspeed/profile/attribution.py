@@ -1,0 +1,267 @@
+"""Where the time goes inside forward and backward, from a few sampled steps: each module's own
+forward time (its time minus its children's, from the global module hooks) and the operators
+with their input shapes (torch.profiler over one step, forward and backward ops alike). Sampled,
+not always on: the module timing costs two clock reads per module call for MODULE_STEPS steps,
+torch.profiler runs for one step.
+
+    sampler = ModuleSampler()          # TorchHooks drives it: enter/exit/on_step
+    print(sampler.result().format())   # the top modules and operators, by share of the step
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from .. import _C
+
+_P = _C.profile
+
+#: Steps whose module forwards are timed, counted from the end of step FIRST_SAMPLED_STEP (the
+#: first steps allocate and warm caches), then the step torch.profiler records the operators of.
+FIRST_SAMPLED_STEP = 1
+MODULE_STEPS = 2
+#: Rows printed per table.
+TOP = 5
+
+
+@dataclasses.dataclass
+class ModuleTime:
+    name: str  # qualified name in its model ("decoder", "layers.3.attn"), else the type
+    type: str
+    self_s: float  # forward time of the module itself, per step (children excluded)
+    total_s: float  # forward time including its children, per step
+    share: float  # self_s over the forward time of every module (their self times summed)
+    calls: float  # per step
+    detail: str = ""  # e.g. "Linear(200 -> 9000)"
+
+
+@dataclasses.dataclass
+class OpTime:
+    name: str
+    shapes: str
+    self_s: float  # per step
+    share: float
+    calls: int
+
+
+@dataclasses.dataclass
+class Attribution:
+    """The sampled steps' modules and operators, largest first."""
+
+    step_s: float  # the sampled steps' mean time
+    modules: List[ModuleTime]
+    ops: List[OpTime]
+    op_step_s: Optional[float] = None  # the operator step's time (None: not sampled)
+
+    def dominant(self) -> Optional[ModuleTime]:
+        return self.modules[0] if self.modules else None
+
+    def format(self) -> str:
+        lines = [
+            f"where the forward time goes (each module's own time, % of the forward; "
+            f"{MODULE_STEPS} sampled steps):"
+        ]
+        if not self.modules:
+            lines.append("  (no module forward was timed)")
+        for m in self.modules[:TOP]:
+            lines.append(
+                f"  {100 * m.share:5.1f}%  {1e3 * m.self_s:8.3f} ms  {m.name} "
+                f"({m.detail or m.type}; {m.calls:g} calls/step)"
+            )
+        if self.ops:
+            lines.append("top operators (one sampled step, forward and backward, self time):")
+            for o in self.ops[:TOP]:
+                lines.append(
+                    f"  {100 * o.share:5.1f}%  {1e3 * o.self_s:8.3f} ms  {o.name} {o.shapes}"
+                )
+        return "\n".join(lines)
+
+
+def describe_module(m: Any) -> str:
+    """A short description of a module's size: Linear(200 -> 9000), Conv2d(3 -> 64, 7x7)."""
+    t = type(m).__name__
+    try:
+        if isinstance(m, torch.nn.Linear):
+            return f"{t}({m.in_features} -> {m.out_features})"
+        if isinstance(m, torch.nn.modules.conv._ConvNd):
+            k = "x".join(str(x) for x in m.kernel_size)
+            return f"{t}({m.in_channels} -> {m.out_channels}, {k})"
+        if isinstance(m, torch.nn.Embedding):
+            return f"{t}({m.num_embeddings} x {m.embedding_dim})"
+        if isinstance(m, torch.nn.RNNBase):
+            return f"{t}({m.input_size} -> {m.hidden_size}, {m.num_layers} layers)"
+    except Exception:  # noqa: BLE001 (a description is best effort)
+        pass
+    return t
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Kineto prints a line to the process's stderr when torch.profiler starts and stops: the
+    script's stderr is its own, so fd 2 goes to /dev/null for those two calls only."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+        finally:
+            os.close(devnull)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class ModuleSampler:
+    """Times module forwards in the sampled steps and records one step's operators."""
+
+    def __init__(self, first_step: int = FIRST_SAMPLED_STEP, module_steps: int = MODULE_STEPS):
+        self.first_step = first_step
+        self.module_steps = module_steps
+        self.active = False
+        self._stack: List[List[Any]] = []  # [module id, t0, children ns]
+        self._times: Dict[int, List[float]] = {}  # id -> [self ns, total ns, calls]
+        self._refs: Dict[int, Any] = {}
+        self._t_start = 0
+        self.sampled_ns = 0
+        self.sampled_steps = 0
+        self._torch_prof = None
+        self._op_t0 = 0
+        self.op_step_ns = 0
+        self._ops: List[OpTime] = []
+        self.op_step: Optional[int] = None  # the step torch.profiler recorded (run numbering)
+        self._stopped_prof = None
+
+    # ---- module forwards (called from the global hooks) ------------------------------------
+    def enter(self, module: Any) -> None:
+        if self.active:
+            self._stack.append([id(module), _P.now_ns(), 0])
+            if id(module) not in self._refs:
+                try:
+                    self._refs[id(module)] = weakref.ref(module)
+                except TypeError:
+                    self._refs[id(module)] = lambda: None
+
+    def exit(self, module: Any) -> None:
+        if not self.active or not self._stack or self._stack[-1][0] != id(module):
+            return
+        key, t0, children = self._stack.pop()
+        total = _P.now_ns() - t0
+        rec = self._times.setdefault(key, [0.0, 0.0, 0.0])
+        rec[0] += total - children
+        rec[1] += total
+        rec[2] += 1
+        if self._stack:
+            self._stack[-1][2] += total
+
+    # ---- steps ------------------------------------------------------------------------------
+    def on_step(self, steps_seen: int) -> None:
+        now = _P.now_ns()
+        if self.active:
+            self.sampled_ns += now - self._t_start
+            self.sampled_steps += 1
+        if self._torch_prof is not None:
+            self.op_step_ns = now - self._op_t0
+            self._stop_ops()
+        end = self.first_step + self.module_steps
+        self.active = self.first_step <= steps_seen < end
+        self._stack = []
+        self._t_start = now
+        if steps_seen == end:
+            self._start_ops(steps_seen)
+
+    def perturbed_steps(self) -> List[int]:
+        """Steps to leave out of the summary: the one torch.profiler recorded, and the next one
+        (stopping the profiler and collecting its events happen at their boundary)."""
+        return [self.op_step, self.op_step + 1] if self.op_step is not None else []
+
+    def _start_ops(self, step: int) -> None:
+        # Not while the user's own torch.profiler runs: one profiler at a time.
+        if torch.autograd.profiler._is_profiler_enabled:
+            return
+        prof = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+        )
+        with _native_stderr_silenced():
+            prof.__enter__()
+        self._torch_prof = prof
+        self.op_step = step
+        self._op_t0 = _P.now_ns()
+
+    def _stop_ops(self) -> None:
+        prof, self._torch_prof = self._torch_prof, None
+        with _native_stderr_silenced():
+            prof.__exit__(None, None, None)
+        self._stopped_prof = prof  # its events are read in result(), after the run
+
+    def _read_ops(self) -> None:
+        prof, self._stopped_prof = self._stopped_prof, None
+        if prof is None:
+            return
+        step_ns = max(self.op_step_ns, 1)
+        rows = []
+        for e in prof.key_averages(group_by_input_shape=True):
+            self_ns = float(e.self_cpu_time_total) * 1e3  # µs -> ns
+            if self_ns <= 0 or e.key.startswith("ProfilerStep"):
+                continue
+            shapes = ", ".join(str(list(s)) for s in (e.input_shapes or []) if s)
+            rows.append(OpTime(e.key, shapes, self_ns / 1e9, self_ns / step_ns, int(e.count)))
+        rows.sort(key=lambda o: -o.self_s)
+        self._ops = rows[: TOP * 2]
+
+    def close(self) -> None:
+        """Stops a torch.profiler left running (the run ended inside the operator step)."""
+        self.active = False
+        if self._torch_prof is not None:
+            self.op_step_ns = _P.now_ns() - self._op_t0
+            self._stop_ops()
+
+    # ---- result -----------------------------------------------------------------------------
+    def result(self, models: Tuple[Any, ...] = ()) -> Optional[Attribution]:
+        self._read_ops()
+        if not self.sampled_steps and not self._ops:
+            return None
+        names: Dict[int, str] = {}
+        for root in models:
+            try:
+                for qual, mod in root.named_modules():
+                    names.setdefault(id(mod), qual or type(root).__name__)
+            except Exception:  # noqa: BLE001 (names are best effort)
+                pass
+        n = max(self.sampled_steps, 1)
+        step_ns = max(self.sampled_ns / n, 1.0)
+        forward_ns = max(sum(rec[0] for rec in self._times.values()), 1.0)
+        mods = []
+        for key, (self_ns, total_ns, calls) in self._times.items():
+            m = self._refs.get(key, lambda: None)()
+            t = type(m).__name__ if m is not None else "?"
+            mods.append(
+                ModuleTime(
+                    names.get(key, t),
+                    t,
+                    self_ns / n / 1e9,
+                    total_ns / n / 1e9,
+                    self_ns / forward_ns,
+                    calls / n,
+                    describe_module(m) if m is not None else "",
+                )
+            )
+        mods.sort(key=lambda m: -m.self_s)
+        return Attribution(
+            step_s=step_ns / 1e9,
+            modules=mods[: TOP * 2],
+            ops=self._ops,
+            op_step_s=self.op_step_ns / 1e9 if self.op_step_ns else None,
+        )

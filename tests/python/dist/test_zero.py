@@ -1,0 +1,280 @@
+"""ZeRO-1 (torchspeed/dist/zero.py: ZeroOptimizer over AccumulatingDDP(zero=1)) on 2 and 4 Gloo
+processes against single-process large-batch training with the same optimizer: reduce-scatter on
+the synchronising micro-step only, each rank steps its shard, the params are all-gathered; global
+clipping and GradScaler's inf-skip across the shards; per-rank state dicts re-sharded 2 -> 1,
+2 -> 4 and 4 -> 1 (a plain torch.optim state_dict) continue the run that never stopped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_helpers import (
+    DIST_MISSING,
+    F32,
+    F64,
+    ZERO4,
+    ZERO_CASES,
+    Net,
+    assert_all_ok,
+    case_reference,
+    launch,
+    reference,
+    window_data,
+)
+from torch import nn
+
+import torchspeed
+from torchspeed.dist import AccumulatingDDP, ZeroOptimizer, consolidate_state_dict
+
+pytestmark = pytest.mark.skipif(DIST_MISSING is not None, reason=str(DIST_MISSING))
+
+RESUME = dict(case="plain", dtype=torch.float64, opt_name="adamw", k=2, steps=4)
+
+
+@pytest.fixture(scope="module")
+def zero2(tmp_path_factory):
+    records = launch(2, "zero", tmp_path_factory.mktemp("dist_zero2"), timeout=120)
+    assert_all_ok(records)
+    return records
+
+
+@pytest.fixture(scope="module")
+def zero4(tmp_path_factory, zero2):
+    out = tmp_path_factory.mktemp("dist_zero4")
+    resume = out / "resume_from_2.pt"
+    torch.save(_checkpoint(zero2, "z_resume"), resume)
+    # The 4 ranks use Gloo's real reduce_scatter/all_gather; the 2 ranks its all-reduce (the
+    # default on Gloo): both paths are checked against the same references.
+    env = {"TS_ZERO_RESUME": str(resume), "TORCHSPEED_ZERO_COLLECTIVES": "native"}
+    records = launch(4, "zero4", out, timeout=150, env=env)
+    assert_all_ok(records)
+    return records
+
+
+def _checkpoint(records, case):
+    saved = [r["pt"][case]["saved"] for r in records]
+    return {
+        "step": saved[0]["step"],
+        "model": saved[0]["model"],
+        "optimizers": [s["optimizer"] for s in saved],
+    }
+
+
+def _tol(dtype):
+    return F64 if dtype == torch.float64 else F32
+
+
+def _equal_on_every_rank(records, case, ref, tol):
+    for r in records:
+        got = r["pt"][case]["params"]
+        for n, want in ref.items():
+            where = f"rank {r['rank']} {case} {n}"
+            torch.testing.assert_close(
+                got[n], want, **tol, msg=lambda m, where=where: f"{where}: {m}"
+            )
+
+
+@pytest.mark.parametrize("case", sorted(set(ZERO_CASES) - {"z_f32_bf16"}))
+def test_zero1_equals_single_process_large_batch_training(zero2, case):
+    """Plain SGD, AdamW with global clipping, torchspeed's fused AdamW, GradScaler with an inf on
+    rank 1 only (every rank skips that step and halves its scale), and a param that only rank 0
+    gives a gradient."""
+    kw = ZERO_CASES[case]
+    ref, scale, _ = case_reference(case, 2, ZERO_CASES, with_state=True)
+    _equal_on_every_rank(zero2, case, ref, _tol(kw["dtype"]))
+    if kw.get("scaler"):
+        for r in zero2:
+            assert r["pt"][case]["scale"] == scale == 2.0**9  # the inf step halved it
+            assert r["pt"][case]["stats"]["zero_skipped_steps"] == 1
+            assert r["pt"][case]["stats"]["nonfinite_steps"] == 1
+
+
+@pytest.mark.parametrize("case", ZERO4)
+def test_zero1_on_four_ranks(zero4, case):
+    kw = ZERO_CASES[case]
+    _equal_on_every_rank(zero4, case, case_reference(case, 4, ZERO_CASES), _tol(kw["dtype"]))
+
+
+def test_zero1_collectives_per_backend(zero2, zero4):
+    for r in zero2:
+        assert r["pt"]["z_f64_sgd"]["stats"]["zero_collectives"] == "all_reduce"  # Gloo default
+    for r in zero4:
+        assert r["pt"]["z_f64_sgd"]["stats"]["zero_collectives"] == "reduce_scatter"
+
+
+def test_zero1_bf16_compression_stays_close(zero2):
+    ref = case_reference("z_f32_bf16", 2, ZERO_CASES)
+    _equal_on_every_rank(zero2, "z_f32_bf16", ref, dict(rtol=2e-2, atol=2e-3))
+    for r in zero2:  # the reduce-scatter travelled in bf16: half the bytes of the fp32 buckets
+        st = r["pt"]["z_f32_bf16"]["stats"]
+        assert st["last_bytes_reduced"] * 2 == st["bucket_bytes"]
+
+
+def test_zero1_communicates_only_on_the_sync_step_and_counts_its_bytes(zero2):
+    """0 collectives while accumulating; on the synchronising micro-step one reduce-scatter per
+    bucket plus the one small non-finite agreement; the step all-gathers every bucket."""
+    for r in zero2:
+        res = r["pt"]["z_f64_sgd"]
+        st = res["stats"]
+        for m in res["micro"]:
+            assert m["collectives"] == (st["buckets"] + 1 if m["sync_now"] else 0), m
+        assert st["last_bytes_reduced"] == st["bucket_bytes"]  # reduce-scatter input, float64
+        assert st["last_bytes_all_gathered"] == st["bucket_bytes"]  # every padded bucket
+        assert st["zero_steps"] == 3 and st["zero_skipped_steps"] == 0
+
+
+def test_zero1_state_bytes_per_rank_are_one_world_th(zero2):
+    """AdamW state (exp_avg, exp_avg_sq and the step) on each rank: at most 1/world of the
+    unsharded state plus one padding block per bucket."""
+    n = sum(p.numel() for p in Net().parameters())
+    for r in zero2:
+        st = r["pt"]["z_f64_adamw_clip"]["stats"]
+        full = 2 * n * 8
+        pad = st["buckets"] * 2 * 2 * 8  # < world elements of padding per bucket and state
+        steps = st["buckets"] * 8  # one float64 step counter per bucket shard
+        assert st["optimizer_state_bytes"] <= full / 2 + pad + steps, st
+        assert st["grad_shard_bytes"] * 2 == st["bucket_bytes"]
+
+
+def _resume_in_one_process(single_group, ck, world, k, steps):
+    """World size 1: ZeroOptimizer.load_state_dict re-shards every old rank's state here; the
+    run goes on over the same global batches (world * k micro-steps per optimizer step)."""
+    net = Net(torch.float64)
+    model = AccumulatingDDP(
+        net,
+        accumulation_steps=world * k,
+        zero=1,
+        process_group=single_group,
+        bucket_cap_mb=0.004,
+        first_bucket_cap_mb=0.001,
+    )
+    opt = model.zero_optimizer(torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
+    net.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["optimizers"])
+    for step in range(ck["step"], steps):
+        x, y = window_data(step, world, k, 4, torch.float64)
+        for rank in range(world):
+            for j in range(k):
+                out = model(x[rank, j], use_side=True)
+                (nn.functional.mse_loss(out, y[rank, j]) / (world * k)).backward()
+        assert model.sync_now
+        opt.step()
+        opt.zero_grad()
+    return {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+@pytest.fixture
+def single_group(tmp_path):
+    import torch.distributed as dist
+
+    return dist.ProcessGroupGloo(dist.FileStore(str(tmp_path / "store"), 1), 0, 1)
+
+
+def test_resharding_2_to_1_continues_the_run_that_never_stopped(zero2, single_group):
+    ck = _checkpoint(zero2, "z_resume")
+    got = _resume_in_one_process(single_group, ck, 2, RESUME["k"], RESUME["steps"])
+    for n, want in zero2[0]["pt"]["z_resume"]["params"].items():
+        torch.testing.assert_close(got[n], want, **F64, msg=n)
+
+
+def test_consolidated_state_dict_is_a_plain_torch_adamw_state_dict(zero2):
+    """2 -> 1 without torchspeed at all: torch.optim.AdamW loads the consolidated state and the
+    plain single-process loop continues to the params of the 2-rank run."""
+    ck = _checkpoint(zero2, "z_resume")
+    plain = consolidate_state_dict(ck["optimizers"])
+    ref = reference(
+        "plain",
+        2,
+        RESUME["k"],
+        RESUME["steps"],
+        4,
+        torch.float64,
+        "adamw",
+        start=(ck["step"], ck["model"], plain),
+    )
+    for n, want in zero2[0]["pt"]["z_resume"]["params"].items():
+        torch.testing.assert_close(ref[n], want, **F64, msg=n)
+
+
+def test_resharding_2_to_4_and_4_to_1(zero2, zero4):
+    """The 4-rank run resumed the 2-rank checkpoint at step 2 (z_resumed): it equals a plain
+    single-process run from the consolidated 2-rank state over the 4 ranks' batches; and the
+    4-rank checkpoint of step 3 consolidates into a plain state that continues to its end."""
+    ck2 = _checkpoint(zero2, "z_resume")
+    start2 = (ck2["step"], ck2["model"], consolidate_state_dict(ck2["optimizers"]))
+    ref = reference(
+        "plain", 4, RESUME["k"], RESUME["steps"], 4, torch.float64, "adamw", start=start2
+    )
+    _equal_on_every_rank(zero4, "z_resumed", ref, F64)
+    ck4 = _checkpoint(zero4, "z_resume")
+    assert ck4["step"] == 3 and len(ck4["optimizers"]) == 4
+    start4 = (ck4["step"], ck4["model"], consolidate_state_dict(ck4["optimizers"]))
+    ref = reference(
+        "plain", 4, RESUME["k"], RESUME["steps"], 4, torch.float64, "adamw", start=start4
+    )
+    _equal_on_every_rank(zero4, "z_resume", ref, F64)
+
+
+def test_zero_optimizer_refuses_bad_arguments(single_group):
+    plain = AccumulatingDDP(Net(), process_group=single_group)
+    with pytest.raises(ValueError, match="must be built with zero=1"):
+        plain.zero_optimizer(torch.optim.SGD, lr=0.1)
+    with pytest.raises(ValueError, match="zero must be 0 or 1, got 3"):
+        AccumulatingDDP(Net(), process_group=single_group, zero=3)
+    with pytest.raises(TypeError, match="zero must be an int"):
+        AccumulatingDDP(Net(), process_group=single_group, zero="1")
+    model = AccumulatingDDP(Net(), process_group=single_group, zero=1)
+    with pytest.raises(TypeError, match="optimizer_class must be a torch.optim.Optimizer"):
+        model.zero_optimizer("adamw", lr=0.1)
+    opt = model.zero_optimizer(torch.optim.SGD, lr=0.1)
+    assert isinstance(opt, ZeroOptimizer) and isinstance(opt, torch.optim.Optimizer)
+    sd = opt.state_dict()
+    with pytest.raises(ValueError, match="not a ZeroOptimizer state_dict"):
+        opt.load_state_dict(torch.optim.SGD(Net().parameters(), lr=0.1).state_dict())
+    with pytest.raises(TypeError, match="state_dict must be a dict or a list"):
+        opt.load_state_dict("checkpoint.pt")
+    half = dict(sd, world_size=2)  # one of two ranks' shards
+    with pytest.raises(ValueError, match="needs every rank's state dict, got 1"):
+        opt.load_state_dict(half)
+    with pytest.raises(ValueError, match="LAMB needs per-parameter norms"):
+        model.zero_optimizer(torchspeed.optim.LAMB, lr=0.1)
+    other = AccumulatingDDP(nn.Linear(3, 2).double(), process_group=single_group, zero=1)
+    with pytest.raises(ValueError, match="another model or bucket layout"):
+        other.zero_optimizer(torch.optim.SGD, lr=0.1).load_state_dict(sd)
+
+
+def test_zero1_param_frozen_after_wrapping_keeps_its_value(single_group):
+    """A param frozen after wrapping keeps its value under ZeroOptimizer too (its shard elements
+    are stepped with a zero gradient, the result is not written back), so every param equals the
+    single-process AdamW run frozen at the same step."""
+    k, steps = 2, 3
+    net = Net(torch.float64)
+    model = AccumulatingDDP(net, accumulation_steps=k, zero=1, process_group=single_group)
+    opt = model.zero_optimizer(torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
+    for step in range(steps):
+        if step == 1:
+            net.l1.weight.requires_grad_(False)
+        x, y = window_data(step, 1, k, 4, torch.float64)
+        for j in range(k):
+            (nn.functional.mse_loss(model(x[0, j], use_side=True), y[0, j]) / k).backward()
+        opt.step()
+        opt.zero_grad()
+    ref = reference("plain", 1, k, steps, 4, torch.float64, "adamw", freeze_at=1)
+    for n, p in net.named_parameters():
+        torch.testing.assert_close(p.detach(), ref[n], **F64, msg=n)
+
+
+def test_lr_schedulers_drive_the_shard_optimizers(single_group):
+    """ZeroOptimizer is a torch.optim.Optimizer whose param_groups are the shard optimizers'
+    groups: a torch LR scheduler changes the lr every shard steps with."""
+    model = AccumulatingDDP(
+        Net(), zero=1, process_group=single_group, bucket_cap_mb=0.004, first_bucket_cap_mb=0.001
+    )
+    opt = model.zero_optimizer(torch.optim.SGD, lr=0.1)
+    assert len(opt.param_groups) == model.stats()["buckets"] >= 2
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    x, y = window_data(0, 1, 1, 4, torch.float64)
+    nn.functional.mse_loss(model(x[0, 0], use_side=True), y[0, 0]).backward()
+    opt.step()
+    sched.step()
+    assert [inner.param_groups[0]["lr"] for inner in opt._inner] == [0.05] * len(opt._inner)
