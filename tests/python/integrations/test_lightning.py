@@ -195,11 +195,21 @@ def test_resume_through_ckpt_path_with_torchspeeds_loader_is_exact(tmp_path):
     _nothing_running()
 
 
+class _TwoGroupClipModule(_ClipModule):
+    def configure_optimizers(self):  # the norm is over both groups together, as Lightning's
+        first, second = self.net[0], self.net[2]
+        groups = [{"params": first.parameters()}, {"params": second.parameters(), "lr": 3e-3}]
+        return self.opt_cls(groups, lr=1e-2)
+
+
 # "16-mixed+scaler": fp16 autocast and a GradScaler, as on CUDA (a CPU Trainer turns "16-mixed"
 # into "bf16-mixed", so the plugin is passed explicitly).
-@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed+scaler", "32"])
+@pytest.mark.parametrize(
+    "precision,groups",
+    [("bf16-mixed", 1), ("16-mixed+scaler", 1), ("32", 1), ("16-mixed+scaler", 2)],
+)
 @pytest.mark.parametrize("algorithm", ["norm", "value"])
-def test_gradient_clip_val_with_torchspeed_adamw_equals_torch_adamw(precision, algorithm):
+def test_gradient_clip_val_with_torchspeed_adamw_equals_torch_adamw(precision, groups, algorithm):
     # Issue 25 item 5: under a mixed precision Lightning refused torchspeed's optimizers
     # ("does not allow for gradient clipping because it performs unscaling of gradients
     # internally"). The user's Trainer arguments stay as they are; the callback handles it.
@@ -210,7 +220,7 @@ def test_gradient_clip_val_with_torchspeed_adamw_equals_torch_adamw(precision, a
     params = {}
     for name, cls in (("torch", torch.optim.AdamW), ("torchspeed", torchspeed.optim.AdamW)):
         torch.manual_seed(0)
-        module = _ClipModule(cls)
+        module = (_ClipModule if groups == 1 else _TwoGroupClipModule)(cls)
         cb = TorchspeedCallback(hooks=False, print_report=False)
         kw = dict(gradient_clip_val=clip, gradient_clip_algorithm=algorithm, precision=precision)
         if precision == "16-mixed+scaler":
