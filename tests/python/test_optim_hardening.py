@@ -441,4 +441,7 @@ def test_compiled_step_fullgraph_matches_eager(name):
                 step()
         results.append([p.detach().clone() for p in params])
     for a, b in zip(*results):
-        assert torch.equal(a, b)
+        if name == "LAMB":  # compiled, the float lr is a float32 tensor (issue 25 item 5)
+            assert_close(a, b, rtol=1e-6, atol=1e-7)
+        else:
+            assert torch.equal(a, b)

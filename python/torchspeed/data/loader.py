@@ -291,17 +291,26 @@ def _sampler_indices(sampler: Iterable) -> list:
 
 class _NativeIterator:
     """One pass over a native loader. A native loader runs one stream of batches at a time (like
-    torch's loader with persistent_workers=True): iter() starts a new epoch and the previous
-    iterator, if unfinished, is abandoned and raises if used again."""
+    torch's loader with persistent_workers=True): a new iterator's first next() starts a new
+    epoch and the previous iterator, if unfinished, is abandoned; it raises if used again."""
 
     def __init__(self, dl: DataLoader):
         self.dl = dl
         self.done = False
+        self.started = False
+        dl._iterator_id += 1
+        self.id = dl._iterator_id
+        self.skipped_at_start = 0
+
+    def _start(self) -> None:
+        # At the first next(), not at iter(): an iterator never advanced (Lightning's "is it
+        # iterable?" check calls iter() once) must not start an epoch, whose abandonment by the
+        # next iter() would advance the epoch and the state_dict.
+        dl = self.dl
         if dl.sampler is not None:
             dl._loader.set_indices(_sampler_indices(dl.sampler))
         dl._loader.start_epoch()
-        dl._iterator_id += 1
-        self.id = dl._iterator_id
+        self.started = True
         self.skipped_at_start = dl._loader.stats()["skipped"]
 
     def __iter__(self) -> _NativeIterator:
@@ -319,6 +328,8 @@ class _NativeIterator:
                 "the same loader, which started a new epoch (a native loader runs one stream at a "
                 "time); use one iterator per loader, or a second DataLoader for a second stream"
             )
+        if not self.started:
+            self._start()
         # The data wait of torchspeed.profile's step breakdown (the C++ Loader::next reports it
         # too; this one also marks the CUDA timeline).
         _profile_ranges._enter(_NEXT_NAME_ID, _DATA_WAIT_PHASE)
@@ -340,7 +351,7 @@ class _NativeIterator:
         # Dropping an unfinished iterator stops the threads (unless persistent_workers).
         try:
             superseded = self.id != self.dl._iterator_id
-            if not self.done and not superseded and not self.dl.persistent_workers:
+            if self.started and not self.done and not superseded and not self.dl.persistent_workers:
                 self.done = True
                 self.dl._loader.shutdown()
         except Exception:  # noqa: BLE001 (interpreter shutdown)

@@ -1,6 +1,9 @@
 """Lightning integration: TorchspeedCallback runs torchspeed's step profiler during ``fit`` and
 prints the doctor's report at its end. torchspeed's optimizers (returned by
-``configure_optimizers``) and its DataLoader (returned by ``train_dataloader``) need no glue.
+``configure_optimizers``) and its DataLoader (returned by ``train_dataloader``) need no glue,
+except ``Trainer(gradient_clip_val=...)`` under a mixed precision: Lightning refuses to clip for
+an optimizer that unscales inside its step, and the callback lifts that refusal (see
+TorchspeedCallback).
 
     trainer = lightning.Trainer(max_epochs=3, callbacks=[TorchspeedCallback()])
     trainer.fit(model)
@@ -9,34 +12,47 @@ prints the doctor's report at its end. torchspeed's optimizers (returned by
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Optional
 
 try:  # the unified package, or the standalone one
     from lightning.pytorch import Callback
+    from lightning.pytorch.plugins.precision import Precision
+    from lightning.pytorch.utilities import GradClipAlgorithmType
 except ImportError:  # pragma: no cover (depends on what is installed)
     try:
         from pytorch_lightning import Callback
+        from pytorch_lightning.plugins.precision import Precision
+        from pytorch_lightning.utilities import GradClipAlgorithmType
     except ImportError as e:
         raise ImportError(
             "torchspeed.integrations.lightning needs Lightning: pip install lightning"
         ) from e
 
 import torchspeed.profile as tsp
+from torchspeed.data import DataLoader
+from torchspeed.optim import FusedOptimizer
+
+_NORM = GradClipAlgorithmType.NORM
 
 
 class TorchspeedCallback(Callback):
     """Profiles every training step of ``fit`` (phases from torchspeed's parts and, with
     ``hooks=True``, from torch's hooks for plain torch code) and reports at the end.
 
-    With ``gradient_clip_val`` and a mixed precision, the callback clips for Lightning when the
-    optimizer is torchspeed's (Lightning refuses to clip for optimizers that unscale inside
-    their step): the Trainer's arguments work unchanged.
-
     Args:
         hooks: cover plain torch code (module forwards, backward, optimizer steps) with torch's
             global hooks, as ``torchspeed doctor`` does.
         print_report: print the breakdown and the ranked advice when fit ends (rank 0 only).
         trace_path: also write a Chrome trace there.
+
+    Gradient clipping: under ``precision="16-mixed"``/``"bf16-mixed"`` Lightning refuses
+    ``gradient_clip_val`` for an optimizer that unscales inside its step (torchspeed's do, under
+    a GradScaler). With the callback, ``gradient_clip_val`` and ``gradient_clip_algorithm``
+    ("norm" or "value") work unchanged with torchspeed's optimizers and clip exactly as Lightning
+    does for torch.optim's: with a GradScaler the grads are unscaled first (``scaler.unscale_``,
+    the fused step then skips the unscale and still skips a step with inf/NaN grads), then
+    clipped over all the optimizer's params by torch.nn.utils.clip_grad_norm_/clip_grad_value_.
     """
 
     def __init__(
@@ -48,8 +64,11 @@ class TorchspeedCallback(Callback):
         self.report: str = ""
         self.summary = None
         self._stepped = False
-        self._hidden_clip = None
-        self._saved_max_norm: dict = {}
+        self._clipping_plugin = None  # the precision plugin whose clip_gradients we replaced
+        self._loader_states: list = []  # the loaders' states from the checkpoint fit resumes
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._allow_clipping(trainer)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._stop()  # a profiler left by a fit that ended without any teardown hook
@@ -57,62 +76,35 @@ class TorchspeedCallback(Callback):
         self.profiler = tsp.StepProfiler(hooks=self.hooks)
         self.profiler.start()
 
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+        self._loader_states = list(fit_loop.get("state_dict", {}).get("combined_loader", []))
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # A checkpoint saved at the end of an epoch: Lightning does not restore the loaders
+        # ("the last epoch completely finished, we are not actually restarting") and starts the
+        # next epoch with a fresh loader, which would replay epoch 0's order. The saved state is
+        # restored here, as the start of the next epoch. A loader Lightning restored (a mid-epoch
+        # resume, or any resume under max_steps) already holds its saved state and is left alone.
+        states, self._loader_states = self._loader_states, []
+        loaders = _torchspeed_loaders(getattr(trainer, "train_dataloader", None))
+        if not states or len(states) != len(loaders):
+            return  # not a resume, or other stateful loaders too: Lightning's own handling
+        for loader, state in zip(loaders, states):
+            if loader.state_dict() == state:
+                continue
+            if state.get("batches_consumed") == len(loader):  # the whole epoch was consumed
+                state = {**state, "epoch": state["epoch"] + 1, "batches_consumed": 0}
+            loader.load_state_dict(state)
+
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._stepped = True
-        self._clip_for_lightning(trainer, optimizer)
-
-    # ---- gradient_clip_val with torchspeed's optimizers under mixed precision ----------------
-    # Lightning's MixedPrecision plugin refuses to clip for an optimizer that unscales inside its
-    # step (torchspeed's fused optimizers, torch's fused=True) whatever the precision. The
-    # callback clips instead, with the Trainer's own gradient_clip_val and algorithm, right
-    # before Lightning would, and hides the value from Lightning for that one call: without a
-    # GradScaler (bf16-mixed) with torch's clip_grad_norm_/clip_grad_value_ on the optimizer's
-    # parameters, as Lightning does; with one (16-mixed), the norm through the optimizer's own
-    # max_grad_norm (applied after its internal unscaling) and the value scaled by the current
-    # loss scale.
-    def _clip_for_lightning(self, trainer: Any, optimizer: Any) -> None:
-        clip_val = getattr(trainer, "gradient_clip_val", None)
-        if not clip_val or clip_val <= 0:
-            return
-        opt = getattr(optimizer, "optimizer", optimizer)  # LightningOptimizer wraps it
-        plugin = getattr(trainer, "precision_plugin", None)
-        if not getattr(opt, "_step_supports_amp_scaling", False) or not hasattr(plugin, "scaler"):
-            return  # Lightning clips this one itself
-        import torch
-
-        algorithm = str(getattr(trainer, "gradient_clip_algorithm", "norm") or "norm").lower()
-        algorithm = algorithm.split(".")[-1]
-        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        scaler = plugin.scaler
-        if algorithm == "value":
-            scale = float(scaler.get_scale()) if scaler is not None else 1.0
-            torch.nn.utils.clip_grad_value_(params, clip_val * scale)
-        elif scaler is None:
-            torch.nn.utils.clip_grad_norm_(params, clip_val)
-        else:
-            if len(opt.param_groups) > 1:
-                raise ValueError(
-                    "torchspeed.integrations.lightning: gradient_clip_val with 16-mixed and "
-                    "torchspeed's optimizer clips each param group's norm (max_grad_norm); "
-                    f"this optimizer has {len(opt.param_groups)} groups: use one group, or "
-                    "bf16-mixed"
-                )
-            for g in opt.param_groups:
-                self._saved_max_norm.setdefault(id(g), (g, g.get("max_grad_norm")))
-                g["max_grad_norm"] = float(clip_val)
-        self._hidden_clip = clip_val
-        trainer.gradient_clip_val = None  # Lightning's check reads it next: nothing left to do
-
-    def _restore_clip(self, trainer: Any) -> None:
-        if self._hidden_clip is not None:
-            trainer.gradient_clip_val, self._hidden_clip = self._hidden_clip, None
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # A profiler step is an optimizer step: under accumulate_grad_batches the micro-batches
         # before it belong to the same step (their samples are counted together).
-        self._restore_clip(trainer)
         if self.profiler is not None and self._stepped:
             self._stepped = False
             self.profiler.step()
@@ -134,15 +126,44 @@ class TorchspeedCallback(Callback):
     # An exception in the fit (training_step, a callback, KeyboardInterrupt) skips on_fit_end:
     # the profiler and torch's process-wide hooks must go with it, or the next fit cannot start.
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._restore_clip(trainer)
         self._stop()
+        self._restore_clipping()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._restore_clip(trainer)
-        for g, value in self._saved_max_norm.values():
-            g["max_grad_norm"] = value
-        self._saved_max_norm = {}
         self._stop()
+        self._restore_clipping()
+
+    def _allow_clipping(self, trainer: Any) -> None:
+        """Replaces, on this trainer's precision plugin only, a clip_gradients that refuses
+        torchspeed's optimizers (Lightning's MixedPrecision) by one that clips as Lightning
+        does for torch.optim; every other optimizer goes to the plugin's own method."""
+        plugin = getattr(trainer, "precision_plugin", None)
+        if (
+            plugin is None
+            or "clip_gradients" in vars(plugin)  # already replaced (by us or someone else)
+            or type(plugin).clip_gradients is Precision.clip_gradients  # nothing refused
+        ):
+            return
+        own = plugin.clip_gradients
+
+        def clip_gradients(optimizer, clip_val=0.0, gradient_clip_algorithm=_NORM):
+            raw = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's optimizer
+            if not (isinstance(raw, FusedOptimizer) and clip_val > 0):
+                return own(optimizer, clip_val, gradient_clip_algorithm)
+            scaler = getattr(plugin, "scaler", None)
+            if scaler is not None:
+                # What Lightning's optimizer_step does for torch.optim before clipping; the
+                # scaler's step then passes found_inf and no grad_scale to the fused step.
+                scaler.unscale_(raw)
+            return Precision.clip_gradients(plugin, raw, clip_val, gradient_clip_algorithm)
+
+        plugin.clip_gradients = clip_gradients
+        self._clipping_plugin = plugin
+
+    def _restore_clipping(self) -> None:
+        plugin, self._clipping_plugin = self._clipping_plugin, None
+        if plugin is not None:
+            vars(plugin).pop("clip_gradients", None)
 
     def _stop(self) -> Optional[tsp.StepProfiler]:
         """Stops the running profiler (if any) and returns it; safe to call from any hook."""
@@ -150,6 +171,16 @@ class TorchspeedCallback(Callback):
         if prof is not None:
             prof.stop()
         return prof
+
+
+def _torchspeed_loaders(loaders: Any) -> list:
+    """torchspeed's native DataLoaders in what train_dataloader holds (a loader, or a list,
+    tuple or dict of them)."""
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        return [d for item in loaders for d in _torchspeed_loaders(item)]
+    return [loaders] if isinstance(loaders, DataLoader) and loaders.native else []
 
 
 __all__ = ["TorchspeedCallback"]

@@ -547,7 +547,9 @@ class FusedOptimizer(Optimizer):
     def _scalars(self, group, grad_scale, found_inf, clip_coef) -> Dict[str, Any]:
         lr = group["lr"]
         lr_tensor = None
-        if torch.is_tensor(lr):
+        if not torch.is_tensor(lr) and torch.compiler.is_compiling():
+            lr_tensor, lr = _traced_lr(lr, group["params"][0].device), 0.0
+        elif torch.is_tensor(lr):
             # On the params' device, as the op requires (a CPU lr with CUDA params is allowed).
             device = group["params"][0].device
             lr_tensor = lr.detach().to(device=device, dtype=torch.float32).reshape(1)
@@ -568,6 +570,18 @@ class FusedOptimizer(Optimizer):
     def _op_call(self, group, params, states, grads, masters, masks, emas, scalars):
         """(op, args, kwargs, after): the fused op, its arguments, and what runs after it."""
         raise NotImplementedError
+
+
+def _traced_lr(lr: float, device: torch.device) -> torch.Tensor:
+    """A float lr as the one-element tensor the ops take, when torch.compile traces the step.
+
+    Passed to the op as a float, the lr is a constant of the graph that dynamo guards on: a
+    scheduler that writes a new float every step recompiled the step every step. Made a tensor
+    here, the float can become a symbolic input: after one recompile (dynamo then marks the
+    changed float dynamic) every further lr value runs the same graph. The lr is then rounded to
+    float32 (the ops' lr_tensor), as with a Tensor lr: bitwise the eager step for the optimizers
+    whose kernels compute in float32, within that rounding for LAMB's double trust ratio."""
+    return torch.full((1,), lr, dtype=torch.float32, device=device)
 
 
 def _missing(state: Dict[str, Any], keys: tuple) -> bool:

@@ -4,6 +4,7 @@ and state keys get errors naming them."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,49 @@ def test_scaled_lr_rejects_bad_arguments():
         scaled_lr(-0.1, 2, 4)
     with pytest.raises(TypeError, match="rule must be a str"):
         scaled_lr(0.1, 2, 4, rule=None)
+
+
+# ---- HuggingFace's schedules ----------------------------------------------------------------------
+# transformers' get_linear_schedule_with_warmup / get_cosine_schedule_with_warmup (num_cycles=0.5)
+# as the LambdaLR factors their documentation defines (transformers is not a test dependency).
+def _hf_linear(warmup, total):
+    def factor(step):
+        if step < warmup:
+            return step / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return factor
+
+
+def _hf_cosine(warmup, total, num_cycles=0.5):
+    def factor(step):
+        if step < warmup:
+            return step / max(1, warmup)
+        progress = (step - warmup) / max(1, total - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress)))
+
+    return factor
+
+
+@pytest.mark.parametrize("decay,hf", [("linear", _hf_linear), ("cosine", _hf_cosine)])
+@pytest.mark.parametrize("warmup,total", [(5, 20), (0, 12), (10, 40)])
+def test_warmup_lr_with_start_factor_0_matches_huggingface_schedules(decay, hf, warmup, total):
+    # docs/TRAINING.md "HuggingFace's schedules": HF warms up from 0 (torch's LinearLR and
+    # WarmupLR's default start at 1/3); with start_factor=0 the two agree up to total_steps.
+    opt = _opt()
+    ours = _lrs(opt, WarmupLR(opt, warmup, total, decay=decay, start_factor=0.0), total)
+    ref_opt = _opt()
+    theirs = _lrs(ref_opt, L.LambdaLR(ref_opt, hf(warmup, total)), total)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-15)
+    if warmup:  # the default start factor is not HF's
+        opt = _opt()
+        assert _lrs(opt, WarmupLR(opt, warmup, total, decay=decay), 0)[0] == pytest.approx(0.1 / 3)
+
+
+def test_warmup_lr_constant_matches_huggingface_constant_schedule_with_warmup():
+    warmup, total = 5, 20
+    opt = _opt()
+    ours = _lrs(opt, WarmupLR(opt, warmup, warmup, decay="constant", start_factor=0.0), total)
+    ref_opt = _opt()
+    hf = L.LambdaLR(ref_opt, lambda step: step / max(1, warmup) if step < warmup else 1.0)
+    torch.testing.assert_close(ours, _lrs(ref_opt, hf, total), rtol=1e-12, atol=1e-15)
