@@ -386,7 +386,7 @@ def test_fused_optimizer_keeps_pruned_weights_zero(make, cpu_isa):
                     r.weight.mul_(masks[id(m.weight)])
     if ref_opt is not None:
         for p, q in zip(model.parameters(), ref.parameters()):
-            assert_close(p, q, rtol=1e-6, atol=1e-6)  # test_optim.py's FP32 tolerance
+            assert_close(p, q, rtol=1e-6, atol=1e-6)  # optim/test_optimizers.py's FP32 tolerance
 
 
 def test_set_mask_formats_and_errors():
@@ -479,17 +479,6 @@ def test_optimizer_op_takes_packed_masks_only():
         first_step=True,
     )
     assert_close(p, torch.where(keep, before - 0.1 * g, torch.zeros_like(p)))
-
-
-@pytest.mark.parametrize("numel", [1, 7, 8, 9, 100])
-def test_optimizer_packing_without_the_prune_ops(numel):
-    # torchspeed.optim packs masks with plain torch when the prune area is not built: same bits.
-    from torchspeed.optim import _fused
-
-    keep = torch.rand(numel) > 0.5
-    packed = _fused._pack_bits_torch(keep)
-    assert torch.equal(packed, pack_mask(keep))
-    assert torch.equal(_fused._unpack_bits_torch(packed, [numel]), keep)
 
 
 # ---- adversarial cases: NaN, atomicity, autograd, resume, GradualPruner nm, argument types -----
