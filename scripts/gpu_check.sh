@@ -99,13 +99,13 @@ step with_cuda 10 "$PYTHON" -c 'import torchspeed, sys; print("with_cuda =", tor
 # ---- tests ----------------------------------------------------------------------------------------
 step test_cuda 90 "$PYTHON" -m pytest -q -rs tests/python/test_cuda.py
 shopt -s nullglob
-optim_tests=(tests/python/test_ops.py tests/python/test_optim*.py)
+optim_tests=(tests/python/test_ops.py tests/python/optim/test_*.py)
 if ((${#optim_tests[@]})); then
   # The CUDA variants of the tests written once per device (the `device` fixture); their CPU
   # variants run in CI.
   step test_ops_optim_cuda 90 "$PYTHON" -m pytest -q -rs -k cuda "${optim_tests[@]}"
 else
-  skip test_ops_optim "no tests/python/test_ops.py or test_optim*.py"
+  skip test_ops_optim "no tests/python/test_ops.py or tests/python/optim/test_*.py"
 fi
 
 # torchspeed.dist on the GPU: the CUDA bucket kernel against the CPU one, and AccumulatingDDP over a

@@ -69,6 +69,21 @@ FusedStep fused_step(const AdamStepArgs& a) {
   return s;
 }
 
+FusedStep fused_step(const AdamLowbitStepArgs& a) {
+  FusedStep s = common(a, OptimAlgo::kAdam);
+  s.exp_avgs = a.exp_avgs;
+  s.exp_avg_sqs = a.exp_avg_sqs;
+  s.exp_avg_absmaxes = a.exp_avg_absmaxes;
+  s.exp_avg_sq_absmaxes = a.exp_avg_sq_absmaxes;
+  s.steps = a.steps;
+  set_betas(s.hyper, a.beta1, a.beta2);
+  s.hyper.eps = static_cast<float>(a.eps);
+  s.hyper.decoupled_weight_decay = a.decoupled_weight_decay;
+  s.hyper.state_format = adam_state_format(a.exp_avgs);
+  s.hyper.state_block = static_cast<int32_t>(a.state_block);
+  return s;
+}
+
 FusedStep fused_step(const SgdStepArgs& a) {
   FusedStep s = common(a, OptimAlgo::kSgd);
   if (a.momentum != 0.0) s.exp_avgs = a.momentum_buffers;
@@ -98,15 +113,16 @@ FusedStep fused_step(const LambStepArgs& a) {
 }
 
 bool FusedStep::writes_overlap() const {
-  return params.size() > 1 && ops::writes_overlap({params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-                                                   masters, steps, emas});
+  return params.size() > 1 &&
+         ops::writes_overlap({params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, emas,
+                              exp_avg_absmaxes, exp_avg_sq_absmaxes});
 }
 
 FusedStep FusedStep::element(size_t i) const {
   FusedStep one = *this;
-  for (at::TensorList* list :
-       {&one.params, &one.grads, &one.exp_avgs, &one.exp_avg_sqs, &one.max_exp_avg_sqs,
-        &one.masters, &one.steps, &one.masks, &one.emas}) {
+  for (at::TensorList* list : {&one.params, &one.grads, &one.exp_avgs, &one.exp_avg_sqs,
+                               &one.max_exp_avg_sqs, &one.masters, &one.steps, &one.masks,
+                               &one.emas, &one.exp_avg_absmaxes, &one.exp_avg_sq_absmaxes}) {
     *list = element_of(*list, i);
   }
   return one;
@@ -126,8 +142,21 @@ kernels::OptimTensor FusedStep::tensor(size_t i, const at::Tensor& grad, int64_t
                ? nullptr
                : static_cast<const char*>(grad.const_data_ptr()) + begin * grad.element_size();
   t.master = f32_at(masters, i, begin);
-  t.exp_avg = f32_at(exp_avgs, i, begin);
-  t.exp_avg_sq = f32_at(exp_avg_sqs, i, begin);
+  if (hyper.state_format == kernels::StateFormat::kFloat) {
+    t.exp_avg = f32_at(exp_avgs, i, begin);
+    t.exp_avg_sq = f32_at(exp_avg_sqs, i, begin);
+  } else {
+    t.exp_avg_lp = at_element(exp_avgs, i, begin);
+    t.exp_avg_sq_lp = at_element(exp_avg_sqs, i, begin);
+    t.sr_index = begin;
+  }
+  if (hyper.state_format == kernels::StateFormat::kInt8) {
+    // A range starts on a block: its absmaxes from begin / block on.
+    TORCH_INTERNAL_ASSERT(begin % hyper.state_block == 0, "torchspeed.", op,
+                          ": a range must start on a quantization block");
+    t.exp_avg_absmax = f32_at(exp_avg_absmaxes, i, begin / hyper.state_block);
+    t.exp_avg_sq_absmax = f32_at(exp_avg_sq_absmaxes, i, begin / hyper.state_block);
+  }
   t.max_exp_avg_sq = f32_at(max_exp_avg_sqs, i, begin);
   // The packed mask (uint8 [ceil(numel / 8)], or empty = no mask): ranges start on a byte.
   TORCH_INTERNAL_ASSERT(begin % 8 == 0, "torchspeed.", op, ": a range must start on a mask byte");

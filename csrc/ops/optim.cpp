@@ -43,6 +43,22 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
       "float beta2, float eps, float weight_decay, bool amsgrad, bool maximize, "
       "bool decoupled_weight_decay, Tensor? lr_tensor=None, Tensor? grad_scale=None, "
       "Tensor? found_inf=None, Tensor? clip_coef=None, float ema_decay=0.0) -> ()");
+  // adam_step_ with low-bit moments (torchspeed.optim's state_dtype; no amsgrad; CPU kernels for
+  // now). The format is the dtype of exp_avgs, one for the whole call:
+  //   bfloat16 exp_avgs and exp_avg_sqs: updated in fp32, written back with stochastic rounding;
+  //     exp_avg_absmaxes and exp_avg_sq_absmaxes are empty;
+  //   int8 exp_avgs and uint8 exp_avg_sqs: codes in blocks of state_block elements (a power of
+  //     two in [8, 4096]) with one float32 absmax per block in exp_avg_absmaxes /
+  //     exp_avg_sq_absmaxes (ceil(numel / state_block) elements each); the maps are in
+  //     kernels/cpu/lowbit_state.h.
+  m.def(
+      "adam_lowbit_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] exp_avg_absmaxes, Tensor(h!)[] exp_avg_sq_absmaxes, "
+      "Tensor(e!)[] masters, Tensor(f!)[] steps, Tensor[] masks, Tensor(g!)[] emas, *, "
+      "int state_block, float lr, float beta1, float beta2, float eps, float weight_decay, "
+      "bool maximize, bool decoupled_weight_decay, Tensor? lr_tensor=None, "
+      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None, "
+      "float ema_decay=0.0) -> ()");
   // SGD with momentum/dampening/nesterov. first_step: the momentum buffers are (re)initialised
   // from the gradient, as torch.optim does when a param has no buffer yet.
   m.def(
@@ -101,6 +117,7 @@ GradStats grad_stats_unscale_(at::TensorList tensors, const at::Tensor& inv_scal
 }
 
 void adam_step_(const AdamStepArgs& args) { op_args::call(args); }
+void adam_lowbit_step_(const AdamLowbitStepArgs& args) { op_args::call(args); }
 void sgd_step_(const SgdStepArgs& args) { op_args::call(args); }
 void lion_step_(const LionStepArgs& args) { op_args::call(args); }
 void lamb_step_(const LambStepArgs& args) { op_args::call(args); }

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/common/optim_types.h"
 #include "ops/checks.h"
 #include "torchspeed/ops/optim.h"
 
@@ -188,6 +189,95 @@ inline void validate(const AdamStepArgs& a) {
                                               {"max_exp_avg_sqs", a.max_exp_avg_sqs, !a.amsgrad},
                                               {"masters", a.masters, true},
                                               {"emas", a.emas, true}});
+  check_step_scalars(op, a, device);
+  check_steps(op, a.steps, a.params.size(), device);
+  check_masks(op, a.params, a.masks);
+}
+
+/// The format of adam_lowbit_step_'s moments: the dtype of exp_avgs[0] (bfloat16 or int8; float32
+/// otherwise, which the validator refuses).
+inline kernels::StateFormat adam_state_format(at::TensorList exp_avgs) {
+  if (exp_avgs.empty() || !exp_avgs[0].defined()) return kernels::StateFormat::kFloat;
+  switch (exp_avgs[0].scalar_type()) {
+    case at::kBFloat16:
+      return kernels::StateFormat::kBFloat16;
+    case at::kChar:
+      return kernels::StateFormat::kInt8;
+    default:
+      return kernels::StateFormat::kFloat;
+  }
+}
+
+/// A low-bit moment list: `dtype`, one dense tensor per param with its numel and layout.
+inline void check_lowbit_list(const char* op, const char* name, at::TensorList list,
+                              at::TensorList params, at::ScalarType dtype,
+                              const at::Device& device) {
+  TORCH_CHECK(list.size() == params.size(), "torchspeed.", op, ": ", name,
+              " must have one tensor per param (", params.size(), "), got ", list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const at::Tensor& t = list[i];
+    TORCH_CHECK(t.defined() && t.layout() == at::kStrided && t.scalar_type() == dtype &&
+                    t.device() == device,
+                "torchspeed.", op, ": ", name, "[", i, "] must be a dense ", dtype, " tensor on ",
+                device,
+                " (one format for the whole call: the dtype of exp_avgs[0]"
+                " chooses it), got ",
+                t.defined() ? c10::str(t.scalar_type(), " ", t.layout(), " on ", t.device())
+                            : std::string("None"));
+    TORCH_CHECK(t.sym_numel() == params[i].sym_numel() && laid_out_like(t, params[i]),
+                "torchspeed.", op, ": ", name, "[", i, "] must have the ", params[i].sym_numel(),
+                " elements and the memory layout of params[", i, "], got sizes ", t.sym_sizes(),
+                " strides ", t.sym_strides());
+  }
+}
+
+/// The per-block absmax lists of int8 moments: contiguous float32 [ceil(numel / state_block)].
+inline void check_absmax_list(const char* op, const char* name, at::TensorList list,
+                              at::TensorList params, int64_t block, const at::Device& device) {
+  TORCH_CHECK(list.size() == params.size(), "torchspeed.", op, ": ", name,
+              " must have one tensor per param (", params.size(), ") with int8 moments, got ",
+              list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const at::Tensor& t = list[i];
+    const c10::SymInt blocks = (params[i].sym_numel() + block - 1) / block;
+    TORCH_CHECK(t.defined() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat &&
+                    t.is_contiguous() && t.sym_numel() == blocks && t.device() == device,
+                "torchspeed.", op, ": ", name, "[", i,
+                "] must be a contiguous float32 tensor of ceil(", params[i].sym_numel(), " / ",
+                block, ") = ", blocks, " elements on ", device, ", got ",
+                t.defined() ? c10::str(t.scalar_type(), " ", t.sym_sizes(), " on ", t.device())
+                            : std::string("None"));
+  }
+}
+
+inline void validate(const AdamLowbitStepArgs& a) {
+  const char* op = AdamLowbitStepArgs::kName;
+  const at::Device device = check_optim_args(
+      op, a.params, a.grads, {{"masters", a.masters, true}, {"emas", a.emas, true}});
+  const kernels::StateFormat format = adam_state_format(a.exp_avgs);
+  TORCH_CHECK(format != kernels::StateFormat::kFloat, "torchspeed.", op,
+              ": exp_avgs[0] must be bfloat16 or int8 (float32 moments go to adam_step_), got ",
+              a.exp_avgs.empty() || !a.exp_avgs[0].defined()
+                  ? std::string("none")
+                  : c10::str(a.exp_avgs[0].scalar_type()));
+  const bool int8 = format == kernels::StateFormat::kInt8;
+  check_lowbit_list(op, "exp_avgs", a.exp_avgs, a.params, int8 ? at::kChar : at::kBFloat16, device);
+  check_lowbit_list(op, "exp_avg_sqs", a.exp_avg_sqs, a.params, int8 ? at::kByte : at::kBFloat16,
+                    device);
+  if (int8) {
+    TORCH_CHECK(
+        a.state_block >= 8 && a.state_block <= 4096 && (a.state_block & (a.state_block - 1)) == 0,
+        "torchspeed.", op, ": state_block must be a power of two in [8, 4096], got ",
+        a.state_block);
+    check_absmax_list(op, "exp_avg_absmaxes", a.exp_avg_absmaxes, a.params, a.state_block, device);
+    check_absmax_list(op, "exp_avg_sq_absmaxes", a.exp_avg_sq_absmaxes, a.params, a.state_block,
+                      device);
+  } else {
+    TORCH_CHECK(a.exp_avg_absmaxes.empty() && a.exp_avg_sq_absmaxes.empty(), "torchspeed.", op,
+                ": exp_avg_absmaxes and exp_avg_sq_absmaxes must be empty with bfloat16 moments, "
+                "got ",
+                a.exp_avg_absmaxes.size(), " and ", a.exp_avg_sq_absmaxes.size(), " tensors");
+  }
   check_step_scalars(op, a, device);
   check_steps(op, a.steps, a.params.size(), device);
   check_masks(op, a.params, a.masks);

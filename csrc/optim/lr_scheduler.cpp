@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "torchspeed/optim/adam.h"
+#include "torchspeed/optim/lamb.h"
 #include "torchspeed/optim/lion.h"
 #include "torchspeed/optim/sgd.h"
 

@@ -7,6 +7,7 @@
 
 #include "torchspeed/optim/adam.h"
 #include "torchspeed/optim/hyperparams.h"
+#include "torchspeed/optim/lamb.h"
 #include "torchspeed/optim/lion.h"
 #include "torchspeed/optim/lr_scheduler.h"
 #include "torchspeed/optim/sgd.h"

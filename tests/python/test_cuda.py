@@ -3,7 +3,7 @@ int64 indexing, CUDA against the CPU op where no torch reference exists (mixed d
 masks/EMA/clip), a full AMP step under torch.cuda.set_sync_debug_mode("error"), graph capture,
 scalars read on the device, and opcheck with device scalar tensors. The comparisons that hold on
 any device (against torch.optim, float64 references, GradScaler, opcheck) run on CUDA through the
-`device` fixture of test_optim.py and test_ops.py.
+`device` fixture of optim/test_optimizers.py and test_ops.py.
 
 Every test is skipped with its reason without a CUDA device or without a CUDA build.
 TORCHSPEED_CUDA_TESTS_ON_CPU=1 runs the same comparisons with the "CUDA" side on the CPU, which

@@ -13,6 +13,13 @@ namespace torchspeed::kernels {
 /// Element types a kernel can be asked to run on.
 enum class DType : int { kFloat = 0, kDouble = 1, kBFloat16 = 2, kHalf = 3 };
 
+/// How a step's moments are stored (Adam/AdamW; see kernels/cpu/lowbit_state.h):
+///   kFloat     float32 (exp_avg, exp_avg_sq)
+///   kBFloat16  bfloat16, written back with stochastic rounding
+///   kInt8      int8 codes in blocks of `state_block` elements with one float32 absmax per block:
+///              m = sign(c) * (|c| / 127)^2 * absmax (int8 c), v = (c / 255)^4 * absmax (uint8 c)
+enum class StateFormat : int { kFloat = 0, kBFloat16 = 1, kInt8 = 2 };
+
 /// The fused optimizer algorithms.
 enum class OptimAlgo : int { kAdam = 0, kSgd = 1, kLion = 2, kLamb = 3 };
 
@@ -37,6 +44,8 @@ struct OptimHyper {
   bool decoupled_weight_decay;  // AdamW (true) vs Adam's L2 penalty (false)
   bool nesterov;                // SGD
   bool first_step;              // SGD: the momentum buffer is initialised from the grad
+  StateFormat state_format;     // Adam: how the moments are stored (kFloat for the others)
+  int32_t state_block;          // kInt8: elements per quantization block (a power of two)
 };
 
 /// One parameter (or one contiguous range of it, on the CPU) and its state. Null means absent.
@@ -57,6 +66,16 @@ struct OptimTensor {
   const uint8_t* mask;  // packed pruning mask: the param is zeroed where its bit is 0
   float* ema;           // EMA copy of the (master) param, updated after the step
   float* step;          // one float32 (Adam, Lion, LAMB; CUDA only: the CPU glue reads it itself)
+  // Low-bit moments (OptimHyper::state_format != kFloat; exp_avg and exp_avg_sq are then null):
+  // bf16 values, or int8 / uint8 codes with one float32 absmax per block (this range starts on a
+  // block). `sr_index` is the index of this range's first element in its param and `sr_salt`
+  // (the step count and the param's position) seeds bf16's stochastic rounding.
+  void* exp_avg_lp;
+  void* exp_avg_sq_lp;
+  float* exp_avg_absmax;
+  float* exp_avg_sq_absmax;
+  int64_t sr_index;
+  uint32_t sr_salt;
   int64_t numel;
   DType param_dtype;  // kFloat, kBFloat16 or kHalf
   DType grad_dtype;   // kFloat, kBFloat16 or kHalf

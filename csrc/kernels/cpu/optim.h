@@ -8,6 +8,7 @@
 // results agree to an ulp or so per step.
 #pragma once
 
+#include "kernels/cpu/lowbit_state.h"
 #include "kernels/cpu/mask_bits.h"
 
 namespace torchspeed::kernels::cpu {
@@ -78,6 +79,82 @@ void adam_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s)
     p = p + U(-s.step_size) * m / denom;  // param.addcdiv_(exp_avg, denom, value=-step_size)
     store_param<U, P>(c, h, i, p);
   });
+}
+
+/// Adam with low-bit moments (h.state_format kBFloat16 or kInt8; amsgrad is refused by the op):
+/// the same math as adam_range on fp32 values dequantized from the stored moments; the param
+/// update uses the new fp32 moments, which are then rounded back (bf16: stochastically; int8: a
+/// new absmax per block, then the codes). One pass over the block's param and grad; the block's
+/// new moments wait in a stack buffer until its absmax is known.
+template <class V, typename P, typename G>
+void adam_lowbit_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  const bool int8 = h.state_format == StateFormat::kInt8;
+  const int64_t block = int8 ? h.state_block : kMaxStateBlock;
+  alignas(64) float m_new[kMaxStateBlock];
+  alignas(64) float v_new[kMaxStateBlock];
+  for (int64_t b0 = 0; b0 < c.numel; b0 += block) {
+    const int64_t len = c.numel - b0 < block ? c.numel - b0 : block;
+    const int64_t k = b0 / block;
+    const float m_absmax = int8 ? c.exp_avg_absmax[k] : 0.f;
+    const float v_absmax = int8 ? c.exp_avg_sq_absmax[k] : 0.f;
+    V m_max_v(0.f), v_max_v(0.f);
+    typename V::Scalar m_max_s(0.f), v_max_s(0.f);
+    for_each_lane<V>(len, [&](auto tag, int64_t j) {
+      using U = decltype(tag);
+      const int64_t i = b0 + j;
+      U g = load_grad<U, G>(c, h, s, i);
+      U p = load_param<U, P>(c, i);
+      if (h.weight_decay != 0.f) {
+        if (h.decoupled_weight_decay) {
+          p = p * U(s.param_decay);
+        } else {
+          g = fma(p, U(h.weight_decay), g);
+        }
+      }
+      U m, v;
+      if (int8) {
+        m = dequant_m(U::load(static_cast<const int8_t*>(c.exp_avg_lp) + i), m_absmax);
+        v = dequant_v(load_u8_code<U>(static_cast<const uint8_t*>(c.exp_avg_sq_lp) + i), v_absmax);
+      } else {
+        m = U::load(static_cast<const bf16*>(c.exp_avg_lp) + i);
+        v = U::load(static_cast<const bf16*>(c.exp_avg_sq_lp) + i);
+      }
+      m = fma(U(h.one_minus_beta1), g - m, m);
+      v = v * U(h.beta2_f);
+      v = fma(U(h.one_minus_beta2) * g, g, v);
+      if (int8) {
+        m.store(m_new + j);
+        v.store(v_new + j);
+        if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
+          m_max_v = max(abs(m), m_max_v);
+          v_max_v = max(v, v_max_v);
+        } else {
+          m_max_s = max(abs(m), m_max_s);
+          v_max_s = max(v, v_max_s);
+        }
+      } else {
+        store_bf16_stochastic(m, static_cast<bf16*>(c.exp_avg_lp) + i, c.sr_index + i, c.sr_salt);
+        store_bf16_stochastic(v, static_cast<bf16*>(c.exp_avg_sq_lp) + i, c.sr_index + i,
+                              c.sr_salt ^ 0x5BD1E995u);
+      }
+      const U denom = sqrt(v) / U(s.bias_correction2_sqrt) + U(h.eps);
+      p = p + U(-s.step_size) * m / denom;
+      store_param<U, P>(c, h, i, p);
+    });
+    if (!int8) continue;
+    const float m_amax = std::fmax(lane_max(m_max_v), m_max_s.v);
+    const float v_amax = std::fmax(lane_max(v_max_v), v_max_s.v);
+    c.exp_avg_absmax[k] = m_amax;
+    c.exp_avg_sq_absmax[k] = v_amax;
+    const float m_inv = inverse_absmax(m_amax);
+    const float v_inv = inverse_absmax(v_amax);
+    for_each_lane<V>(len, [&](auto tag, int64_t j) {
+      using U = decltype(tag);
+      const int64_t i = b0 + j;
+      quant_m(U::load(m_new + j), m_inv).store(static_cast<int8_t*>(c.exp_avg_lp) + i);
+      store_u8_code(quant_v(U::load(v_new + j), v_inv), static_cast<uint8_t*>(c.exp_avg_sq_lp) + i);
+    });
+  }
 }
 
 template <class V, typename P, typename G>
@@ -195,6 +272,7 @@ void dispatch_storage(const OptimTensor& c, const OptimHyper& h, const StepScala
     }                                                                                              \
   };
 TORCHSPEED_OPTIM_RANGE(AdamRange, adam_range)
+TORCHSPEED_OPTIM_RANGE(AdamLowbitRange, adam_lowbit_range)
 TORCHSPEED_OPTIM_RANGE(SgdRange, sgd_range)
 TORCHSPEED_OPTIM_RANGE(LionRange, lion_range)
 TORCHSPEED_OPTIM_RANGE(LambPhase1Range, lamb_phase1_range)
@@ -204,6 +282,7 @@ TORCHSPEED_OPTIM_RANGE(LambPhase2Range, lamb_phase2_range)
 // The table entries (all share OptimFn's signature; only LAMB phase 1 uses the norm outputs).
 template <class V>
 void adam_step(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, double*, double*) {
+  if (h.state_format != StateFormat::kFloat) return dispatch_storage<AdamLowbitRange, V>(c, h, s);
   dispatch_storage<AdamRange, V>(c, h, s);
 }
 template <class V>

@@ -123,15 +123,17 @@ cudaError_t int8_linear(const int8_t* a, const float* a_scale, const int8_t* w,
                         const float* w_scale, const float* bias, bool relu, DType out_dtype,
                         void* out, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
 
-// ---- prune: bit-packed masks (bit j of byte b = element 8b + j, in memory order) ---------------
+// ---- packed masks (mask.cu; bit j of byte b = element 8b + j, in memory order) ----------------
 
 /// bits[b] = the {0,1} bytes bools[8b .. 8b + 7] (nonzero = 1), ceil(n / 8) bytes.
-cudaError_t prune_pack_mask(const uint8_t* bools, uint8_t* bits, int64_t n, cudaStream_t stream);
+cudaError_t pack_mask_bits(const uint8_t* bools, uint8_t* bits, int64_t n, cudaStream_t stream);
 /// bools[i] = bit i, n elements.
-cudaError_t prune_unpack_mask(const uint8_t* bits, uint8_t* bools, int64_t n, cudaStream_t stream);
+cudaError_t unpack_mask_bits(const uint8_t* bits, uint8_t* bools, int64_t n, cudaStream_t stream);
 /// In place: w[i] = 0 where bit i is 0, n elements of elem_size (2, 4 or 8) bytes.
-cudaError_t prune_apply_mask(void* w, int elem_size, const uint8_t* bits, int64_t n,
-                             cudaStream_t stream);
+cudaError_t apply_mask_bits(void* w, int elem_size, const uint8_t* bits, int64_t n,
+                            cudaStream_t stream);
+
+// ---- prune: mask selection (prune.cu) -----------------------------------------------------------
 /// N:M mask of numel elements (numel % m == 0, m <= 256): per group of m, the n largest magnitude
 /// keys (|bits| without the sign) kept, an equal key ranking the lower index first.
 cudaError_t prune_nm_mask(const void* w, int elem_size, int64_t numel, int n, int m, uint8_t* bits,

@@ -14,6 +14,8 @@ namespace torchspeed::ops {
 
 /// Big enough to amortise a kernel call (~tens of ns), small enough to balance 2..64 threads.
 constexpr int64_t kChunkElements = 1 << 16;
+// Chunks start on a quantization block of int8 optimizer moments (blocks of at most 4096).
+static_assert(kChunkElements % 4096 == 0, "chunks must start on a state block");
 /// Below this many elements in total, one thread does everything (no fork/join).
 constexpr int64_t kSerialElements = 1 << 15;
 

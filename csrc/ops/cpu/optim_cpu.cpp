@@ -55,6 +55,8 @@ void run_fused_step(const FusedStep& a) {
   const float clip = read_scalar(a.clip_coef, 1.f);
   const size_t n = a.params.size();
   std::vector<StepScalars> scalars(n);
+  // bf16 moments: the stochastic rounding's seed, from the step count and the param's position.
+  std::vector<uint32_t> salts(n, 0);
   for (size_t i = 0; i < n; ++i) {
     float step = 0.f;
     if (!a.steps.empty()) {
@@ -64,6 +66,7 @@ void run_fused_step(const FusedStep& a) {
       step = (*step_ptr += 1.f);
     }
     scalars[i] = kernels::step_scalars(a.hyper, lr, scale, clip, !a.steps.empty(), step);
+    salts[i] = static_cast<uint32_t>(step) * 0x9E3779B9u + static_cast<uint32_t>(i) * 0x7FEB352Du;
   }
 
   const std::vector<at::Tensor> grads = a.grads_like_params();
@@ -73,8 +76,9 @@ void run_fused_step(const FusedStep& a) {
   const OptimFn fn = kernel_for(table.optim, a.algo);
   if (a.algo != OptimAlgo::kLamb) {
     parallel_over_chunks(chunks, [&](const Chunk& c, size_t) {
-      fn(a.tensor(c.tensor, grads[c.tensor], c.begin, c.length), a.hyper, scalars[c.tensor],
-         nullptr, nullptr);
+      kernels::OptimTensor t = a.tensor(c.tensor, grads[c.tensor], c.begin, c.length);
+      t.sr_salt = salts[c.tensor];
+      fn(t, a.hyper, scalars[c.tensor], nullptr, nullptr);
     });
     return;
   }
@@ -110,6 +114,7 @@ void fused_step_cpu(const Args& args) {
 
 TORCH_LIBRARY_IMPL(torchspeed, CPU, m) {
   TORCHSPEED_OP_IMPL(m, AdamStepArgs, fused_step_cpu<AdamStepArgs>);
+  TORCHSPEED_OP_IMPL(m, AdamLowbitStepArgs, fused_step_cpu<AdamLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, SgdStepArgs, fused_step_cpu<SgdStepArgs>);
   TORCHSPEED_OP_IMPL(m, LionStepArgs, fused_step_cpu<LionStepArgs>);
   TORCHSPEED_OP_IMPL(m, LambStepArgs, fused_step_cpu<LambStepArgs>);

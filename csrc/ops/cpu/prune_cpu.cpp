@@ -1,5 +1,5 @@
-// CPU implementation of the prune area's ops: validates, then runs the ISA kernels
-// (kernels/cpu/prune.h) over ranges that start on a mask byte, in one parallel region.
+// CPU implementation of the prune area's ops (nm_mask, magnitude_mask): validates, then runs the
+// ISA kernels (kernels/cpu/prune.h) over ranges that start on a mask byte, in one parallel region.
 // magnitude_mask selects its threshold with std::nth_element over the magnitude keys, then the
 // kernel builds the mask, splitting the threshold's ties by a prefix count over the ranges.
 #include <ATen/ATen.h>
@@ -10,65 +10,15 @@
 #include <vector>
 
 #include "kernels/cpu/dispatch.h"
-#include "ops/cpu/chunking.h"
+#include "ops/cpu/mask_ranges.h"
 #include "ops/prune_checks.h"
 
 namespace torchspeed::ops {
 namespace {
 
-static_assert(kChunkElements % 8 == 0, "ranges must start on a mask byte");
-
-const kernels::cpu::PruneKernels& prune_kernels(const char* op) {
-  return rethrow_as_torch_error(op, [] { return &kernels::cpu::cpu_kernels(); })->prune;
-}
-
-/// fn(begin, length) over [0, total) in ranges of `step` elements (a multiple of 8), in parallel.
-template <class F>
-void for_each_range(int64_t total, int64_t step, F&& fn) {
-  if (total == 0) return;
-  const int64_t ranges = (total + step - 1) / step;
-  const int64_t grain = std::max<int64_t>(1, kSerialElements / step);
-  at::parallel_for(0, ranges, grain, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) fn(r * step, std::min(step, total - r * step));
-  });
-}
-
-at::Tensor pack_mask_cpu(const PackMaskArgs& a) {
-  validate(a);
-  const auto& k = prune_kernels(PackMaskArgs::kName);
-  const int64_t n = a.mask.numel();
-  at::Tensor out = at::empty({packed_mask_bytes(n)}, a.mask.options().dtype(at::kByte));
-  const auto* in = reinterpret_cast<const uint8_t*>(a.mask.const_data_ptr<bool>());
-  uint8_t* o = out.data_ptr<uint8_t>();
-  for_each_range(n, kChunkElements,
-                 [&](int64_t b, int64_t len) { k.pack_mask(in + b, o + b / 8, len); });
-  return out;
-}
-
-at::Tensor unpack_mask_cpu(const UnpackMaskArgs& a) {
-  const int64_t n = validate(a).expect_int();
-  const auto& k = prune_kernels(UnpackMaskArgs::kName);
-  at::Tensor out = at::empty(a.shape, a.packed.options().dtype(at::kBool));
-  const uint8_t* in = a.packed.const_data_ptr<uint8_t>();
-  auto* o = reinterpret_cast<uint8_t*>(out.data_ptr<bool>());
-  for_each_range(n, kChunkElements,
-                 [&](int64_t b, int64_t len) { k.unpack_mask(in + b / 8, o + b, len); });
-  return out;
-}
-
-void apply_mask_cpu(const ApplyMaskArgs& a) {
-  validate(a);
-  const auto& k = prune_kernels(ApplyMaskArgs::kName);
-  const int es = static_cast<int>(a.w.element_size());
-  char* w = static_cast<char*>(a.w.data_ptr());
-  const uint8_t* bits = a.packed.const_data_ptr<uint8_t>();
-  for_each_range(a.w.numel(), kChunkElements,
-                 [&](int64_t b, int64_t len) { k.apply_mask(w + b * es, es, bits + b / 8, len); });
-}
-
 at::Tensor nm_mask_cpu(const NmMaskArgs& a) {
   validate(a);
-  const auto& k = prune_kernels(NmMaskArgs::kName);
+  const auto& k = mask_kernels(NmMaskArgs::kName);
   const int64_t numel = a.w.numel();
   at::Tensor out = at::empty({packed_mask_bytes(numel)}, a.w.options().dtype(at::kByte));
   const int es = static_cast<int>(a.w.element_size());
@@ -97,7 +47,7 @@ K select_key(K* keys, int64_t n, int64_t k, int64_t* below) {
 
 at::Tensor magnitude_mask_cpu(const MagnitudeMaskArgs& a) {
   validate(a);
-  const auto& k = prune_kernels(MagnitudeMaskArgs::kName);
+  const auto& k = mask_kernels(MagnitudeMaskArgs::kName);
   const int64_t numel = a.w.numel();
   at::Tensor out = at::empty({packed_mask_bytes(numel)}, a.w.options().dtype(at::kByte));
   if (numel == 0) return out;
@@ -143,9 +93,6 @@ at::Tensor magnitude_mask_cpu(const MagnitudeMaskArgs& a) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchspeed, CPU, m) {
-  TORCHSPEED_OP_IMPL(m, PackMaskArgs, pack_mask_cpu);
-  TORCHSPEED_OP_IMPL(m, UnpackMaskArgs, unpack_mask_cpu);
-  TORCHSPEED_OP_IMPL(m, ApplyMaskArgs, apply_mask_cpu);
   TORCHSPEED_OP_IMPL(m, NmMaskArgs, nm_mask_cpu);
   TORCHSPEED_OP_IMPL(m, MagnitudeMaskArgs, magnitude_mask_cpu);
 }

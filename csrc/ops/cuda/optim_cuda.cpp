@@ -23,6 +23,10 @@ void run_fused_step(const FusedStep& a) {
   const at::Device device = a.params[0].device();
   TORCH_CHECK(device.is_cuda(), "torchspeed.", a.op, ": params must be on a CUDA device, got ",
               device);
+  // Low-bit moments have CPU kernels only so far (see docs/OPTIM.md, "Low-bit optimizer state").
+  TORCH_CHECK(a.hyper.state_format == kernels::StateFormat::kFloat, "torchspeed.", a.op,
+              ": bfloat16 / int8 moments (state_dtype 'bf16' / 'int8') are not implemented on "
+              "CUDA yet; use state_dtype='fp32' for CUDA params");
   if (a.writes_overlap()) {
     // One param at a time, in list order (see the CPU driver).
     for (size_t i = 0; i < a.params.size(); ++i) run_fused_step(a.element(i));
@@ -67,6 +71,7 @@ void fused_step_cuda(const Args& args) {
 
 TORCH_LIBRARY_IMPL(torchspeed, CUDA, m) {
   TORCHSPEED_OP_IMPL(m, AdamStepArgs, fused_step_cuda<AdamStepArgs>);
+  TORCHSPEED_OP_IMPL(m, AdamLowbitStepArgs, fused_step_cuda<AdamLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, SgdStepArgs, fused_step_cuda<SgdStepArgs>);
   TORCHSPEED_OP_IMPL(m, LionStepArgs, fused_step_cuda<LionStepArgs>);
   TORCHSPEED_OP_IMPL(m, LambStepArgs, fused_step_cuda<LambStepArgs>);

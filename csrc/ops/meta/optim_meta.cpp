@@ -16,6 +16,7 @@ void fused_step_meta(const Args& args) {
 
 void register_optim_validators(torch::Library& m) {
   TORCHSPEED_OP_IMPL(m, AdamStepArgs, fused_step_meta<AdamStepArgs>);
+  TORCHSPEED_OP_IMPL(m, AdamLowbitStepArgs, fused_step_meta<AdamLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, SgdStepArgs, fused_step_meta<SgdStepArgs>);
   TORCHSPEED_OP_IMPL(m, LionStepArgs, fused_step_meta<LionStepArgs>);
   TORCHSPEED_OP_IMPL(m, LambStepArgs, fused_step_meta<LambStepArgs>);

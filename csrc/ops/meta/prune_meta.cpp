@@ -1,5 +1,6 @@
-// Meta (shape-only) implementation of the prune area's ops: validates and returns an empty result
-// of the right shape and dtype (apply_mask_ writes nothing). Also registered for the sparse keys.
+// Meta (shape-only) implementation of the prune area's ops (nm_mask, magnitude_mask): validates and
+// returns an empty result of the right shape and dtype (apply_mask_ writes nothing). Also
+// registered for the sparse keys.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -8,38 +9,19 @@
 namespace torchspeed::ops {
 namespace {
 
-at::Tensor packed_like(const at::Tensor& t) {
-  return at::empty_symint({(t.sym_numel() + 7) / 8}, t.options().dtype(at::kByte));
-}
-
-at::Tensor pack_mask_meta(const PackMaskArgs& a) {
-  validate(a);
-  return packed_like(a.mask);
-}
-
-at::Tensor unpack_mask_meta(const UnpackMaskArgs& a) {
-  validate(a);
-  return at::empty(a.shape, a.packed.options().dtype(at::kBool));
-}
-
-void apply_mask_meta(const ApplyMaskArgs& a) { validate(a); }
-
 at::Tensor nm_mask_meta(const NmMaskArgs& a) {
   validate(a);
-  return packed_like(a.w);
+  return empty_packed_like(a.w);
 }
 
 at::Tensor magnitude_mask_meta(const MagnitudeMaskArgs& a) {
   validate(a);
-  return packed_like(a.w);
+  return empty_packed_like(a.w);
 }
 
 }  // namespace
 
 void register_prune_validators(torch::Library& m) {
-  TORCHSPEED_OP_IMPL(m, PackMaskArgs, pack_mask_meta);
-  TORCHSPEED_OP_IMPL(m, UnpackMaskArgs, unpack_mask_meta);
-  TORCHSPEED_OP_IMPL(m, ApplyMaskArgs, apply_mask_meta);
   TORCHSPEED_OP_IMPL(m, NmMaskArgs, nm_mask_meta);
   TORCHSPEED_OP_IMPL(m, MagnitudeMaskArgs, magnitude_mask_meta);
 }

@@ -70,6 +70,30 @@ TORCHSPEED_OP_ARGS(GradStatsUnscaleArgs, "grad_stats_unscale_", GradStatsTuple,
   TORCHSPEED_STEP_TAIL_ARGS(X)
 TORCHSPEED_OP_ARGS(AdamStepArgs, "adam_step_", void, TORCHSPEED_ADAM_STEP_ARGS);
 
+/// Adam/AdamW with low-bit moments (torchspeed.optim's state_dtype "bf16" / "int8"); see the
+/// schema in csrc/ops/optim.cpp. No amsgrad.
+#define TORCHSPEED_ADAM_LOWBIT_STEP_ARGS(X)  \
+  X(at::TensorList, params, {})              \
+  X(at::TensorList, grads, {})               \
+  X(at::TensorList, exp_avgs, {})            \
+  X(at::TensorList, exp_avg_sqs, {})         \
+  X(at::TensorList, exp_avg_absmaxes, {})    \
+  X(at::TensorList, exp_avg_sq_absmaxes, {}) \
+  X(at::TensorList, masters, {})             \
+  X(at::TensorList, steps, {})               \
+  X(at::TensorList, masks, {})               \
+  X(at::TensorList, emas, {})                \
+  X(int64_t, state_block, 256)               \
+  X(double, lr, 1e-3)                        \
+  X(double, beta1, 0.9)                      \
+  X(double, beta2, 0.999)                    \
+  X(double, eps, 1e-8)                       \
+  X(double, weight_decay, 0.0)               \
+  X(bool, maximize, false)                   \
+  X(bool, decoupled_weight_decay, false)     \
+  TORCHSPEED_STEP_TAIL_ARGS(X)
+TORCHSPEED_OP_ARGS(AdamLowbitStepArgs, "adam_lowbit_step_", void, TORCHSPEED_ADAM_LOWBIT_STEP_ARGS);
+
 #define TORCHSPEED_SGD_STEP_ARGS(X)       \
   X(at::TensorList, params, {})           \
   X(at::TensorList, grads, {})            \
@@ -141,6 +165,7 @@ TORCHSPEED_API GradStats grad_stats_unscale_(at::TensorList tensors, const at::T
 
 /// One fused step over one parameter group, in place (params, state, steps); see the schemas.
 TORCHSPEED_API void adam_step_(const AdamStepArgs& args);
+TORCHSPEED_API void adam_lowbit_step_(const AdamLowbitStepArgs& args);
 TORCHSPEED_API void sgd_step_(const SgdStepArgs& args);
 TORCHSPEED_API void lion_step_(const LionStepArgs& args);
 TORCHSPEED_API void lamb_step_(const LambStepArgs& args);

@@ -1,5 +1,6 @@
-// The prune area's tensor ops, for C++ callers: bit-packed pruning masks (schemas and semantics in
-// csrc/ops/prune.cpp). They call through the dispatcher (CPU, CUDA or Meta).
+// The prune area's tensor ops, for C++ callers: N:M and magnitude mask selection (schemas and
+// semantics in csrc/ops/prune.cpp), over the packed-mask format of <torchspeed/ops/mask.h> (pack,
+// unpack, apply: built with the optimizers, which read it). They call through the dispatcher.
 //
 //   at::Tensor w = ...;                                        // [out, in] float32, contiguous
 //   at::Tensor bits = torchspeed::nm_mask(w, 2, 4);            // 2:4 along the last dim
@@ -15,21 +16,9 @@
 
 #include "torchspeed/export.h"
 #include "torchspeed/ops/args.h"
+#include "torchspeed/ops/mask.h"
 
 namespace torchspeed {
-
-#define TORCHSPEED_PACK_MASK_ARGS(X) X(at::Tensor, mask, {})
-TORCHSPEED_OP_ARGS(PackMaskArgs, "pack_mask", at::Tensor, TORCHSPEED_PACK_MASK_ARGS);
-
-#define TORCHSPEED_UNPACK_MASK_ARGS(X) \
-  X(at::Tensor, packed, {})            \
-  X(at::IntArrayRef, shape, {})
-TORCHSPEED_OP_ARGS(UnpackMaskArgs, "unpack_mask", at::Tensor, TORCHSPEED_UNPACK_MASK_ARGS);
-
-#define TORCHSPEED_APPLY_MASK_ARGS(X) \
-  X(at::Tensor, w, {})                \
-  X(at::Tensor, packed, {})
-TORCHSPEED_OP_ARGS(ApplyMaskArgs, "apply_mask_", void, TORCHSPEED_APPLY_MASK_ARGS);
 
 #define TORCHSPEED_NM_MASK_ARGS(X) \
   X(at::Tensor, w, {})             \
@@ -42,15 +31,6 @@ TORCHSPEED_OP_ARGS(NmMaskArgs, "nm_mask", at::Tensor, TORCHSPEED_NM_MASK_ARGS);
   X(int64_t, amount, 0)
 TORCHSPEED_OP_ARGS(MagnitudeMaskArgs, "magnitude_mask", at::Tensor, TORCHSPEED_MAGNITUDE_MASK_ARGS);
 
-/// Bytes of a packed mask for `numel` elements: ceil(numel / 8).
-inline int64_t packed_mask_bytes(int64_t numel) { return (numel + 7) / 8; }
-
-/// A bool tensor (any shape, contiguous) packed into uint8 [ceil(numel / 8)].
-TORCHSPEED_API at::Tensor pack_mask(const at::Tensor& mask);
-/// The inverse: a bool tensor of `shape` (whose numel the packed mask covers).
-TORCHSPEED_API at::Tensor unpack_mask(const at::Tensor& packed, at::IntArrayRef shape);
-/// In place: w[i] = 0 where bit i of `packed` is 0 (bit-exact: kept elements are not touched).
-TORCHSPEED_API void apply_mask_(const at::Tensor& w, const at::Tensor& packed);
 /// Keeps the n largest |w| of every m consecutive elements of the last dim (ties: lower index).
 TORCHSPEED_API at::Tensor nm_mask(const at::Tensor& w, int64_t n = 2, int64_t m = 4);
 /// Prunes exactly `amount` elements, the smallest |w| (ties: the higher index is pruned first).

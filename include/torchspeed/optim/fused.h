@@ -1,7 +1,7 @@
 // What the fused C++ optimizers (Adam, AdamW, SGD, Lion, LAMB) share: the base class with the
 // GradScaler-style step, and the macros that declare each options and state class from one field
 // list. Every per-field function (==, save, load, the param-group merge, the load-time checks) is
-// generated from the same lists in csrc/optim/fused_optimizers.cpp, so a field added to a list is
+// generated from the same lists in csrc/optim/options_io.cpp, so a field added to a list is
 // everywhere at once.
 #pragma once
 

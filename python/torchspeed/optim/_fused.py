@@ -16,6 +16,7 @@ import torch
 from torch.optim import Optimizer
 
 from .. import _C
+from .._native import native_op
 from ..profile import ranges as _profile_ranges
 from ._ops import grad_stats
 
@@ -39,31 +40,12 @@ _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _pack_bits(keep: torch.Tensor) -> torch.Tensor:
-    """A bool tensor packed in memory order (torchspeed.prune's pack_mask; plain torch when the
-    prune area is not built)."""
-    op = getattr(torch.ops.torchspeed, "pack_mask", None)
-    return op(keep) if op is not None else _pack_bits_torch(keep)
-
-
-def _pack_bits_torch(keep: torch.Tensor) -> torch.Tensor:
-    flat = keep.as_strided((keep.numel(),), (1,)).to(torch.uint8)
-    flat = torch.nn.functional.pad(flat, (0, (-flat.numel()) % 8)).reshape(-1, 8)
-    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=keep.device)
-    return (flat * weights).sum(1, dtype=torch.uint8)
+    """A bool tensor packed in memory order (the pack_mask op, built with the optimizers)."""
+    return native_op("pack_mask", "optim", "torchspeed.optim.set_mask")(keep)
 
 
 def _unpack_bits(packed: torch.Tensor, shape) -> torch.Tensor:
-    op = getattr(torch.ops.torchspeed, "unpack_mask", None)
-    return op(packed, list(shape)) if op is not None else _unpack_bits_torch(packed, shape)
-
-
-def _unpack_bits_torch(packed: torch.Tensor, shape) -> torch.Tensor:
-    n = 1
-    for d in shape:
-        n *= d
-    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    bits = (packed.reshape(-1, 1) >> shifts) & 1
-    return bits.reshape(-1)[:n].bool().reshape(shape)
+    return native_op("unpack_mask", "optim", "torchspeed.optim.set_mask")(packed, list(shape))
 
 
 def _packed_mask_for(mask: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -103,6 +85,12 @@ def _dense(p: torch.Tensor) -> bool:
     except ImportError:  # pragma: no cover - older torch
         return p.is_contiguous(memory_format=torch.channels_last) if p.dim() == 4 else False
     return is_non_overlapping_and_dense(p)
+
+
+def _arguments(constructor_locals: Dict[str, Any]) -> Dict[str, Any]:
+    """A constructor's arguments by name (its ``locals()`` taken first thing), without self and
+    params: every optimizer's defaults are exactly its arguments."""
+    return {k: v for k, v in constructor_locals.items() if k not in ("self", "params", "__class__")}
 
 
 def _accept_torch_only_flags(name: str, foreach, fused, differentiable) -> None:
@@ -163,6 +151,10 @@ class FusedOptimizer(Optimizer):
     _hyperparameters: tuple = ("weight_decay",)  # real-valued, besides lr, betas and the extras
     _has_betas = False
     _tensor_lr_foreach_error = False  # torch.optim.Adam* reject a Tensor lr with foreach=True
+    _has_lowbit_state = False  # set once a param's moments are bf16 / int8 (Adam)
+    # Group keys a load keeps from the optimizer (the state is converted to them), see
+    # load_state_dict.
+    _kept_on_load: tuple = ()
 
     def __init__(self, params, defaults: Dict[str, Any]):
         defaults.setdefault("master_weights", None)
@@ -242,25 +234,52 @@ class FusedOptimizer(Optimizer):
         else:
             _check_value(name, prefix + "lr", lr)
         if self._has_betas:
-            betas = group["betas"]
-            if (
-                not isinstance(betas, (tuple, list))
-                or len(betas) != 2
-                or any(torch.is_tensor(b) for b in betas)
-            ):
-                raise ValueError(
-                    f"torchspeed.optim.{name}: {prefix}betas must be a pair of floats, got "
-                    f"{betas!r}"
-                    + (" (Tensor betas are not supported)" if _has_tensor(betas) else "")
-                )
-            for i, b in enumerate(betas):
-                _check_value(name, f"{prefix}betas[{i}]", b)
+            self._check_betas(group, prefix, at_step)
         for key in self._hyperparameters:
             _check_value(name, prefix + key, group[key])
         for key in ("max_grad_norm", "ema_decay"):
             if group.get(key) is not None:
                 _check_value(name, prefix + key, group[key])
         self._check_group(group, where)
+
+    def _check_betas(self, group: Dict[str, Any], prefix: str, at_step: bool) -> None:
+        """A pair of floats, or (as torch.optim accepts) a pair of one-element float Tensors,
+        each in [0, 1). A Tensor beta's value is read at each step (so an in-place change to it
+        takes effect); on the step path a CUDA beta's value is checked by the op's use only."""
+        name = type(self).__name__
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(
+                f"torchspeed.optim.{name}: {prefix}betas must be a pair of floats (or of "
+                f"one-element Tensors), got {betas!r}"
+            )
+        tensors = [torch.is_tensor(b) for b in betas]
+        if any(tensors) and not all(tensors):
+            raise ValueError(
+                f"torchspeed.optim.{name}: {prefix}betas must be either both floats or both "
+                f"Tensors (as in torch.optim), got {betas!r}"
+            )
+        for i, b in enumerate(betas):
+            if not torch.is_tensor(b):
+                _check_value(name, f"{prefix}betas[{i}]", b)
+                continue
+            if b.numel() != 1 or not b.is_floating_point():
+                raise ValueError(
+                    f"torchspeed.optim.{name}: {prefix}betas[{i}] must be a one-element float "
+                    f"Tensor, got {b.dtype} with {b.numel()} elements"
+                )
+            if (
+                self._tensor_lr_foreach_error
+                and not at_step
+                and group.get("foreach")
+                and not group.get("capturable")
+            ):
+                raise ValueError(
+                    f"torchspeed.optim.{name}: betas[{i}] as a Tensor is not supported for "
+                    "capturable=False and foreach=True (as in torch.optim)"
+                )
+            if not at_step or b.device.type == "cpu":
+                _C.optim.check_hyperparameter(name, f"{prefix}betas[{i}]", float(b))
 
     def _check_group(self, group, where: str) -> None:
         """Cross-field rules of a group (subclasses); `where` is "" for the defaults."""
@@ -303,6 +322,10 @@ class FusedOptimizer(Optimizer):
 
     def _state_keys_for(self, group) -> tuple:
         return self._state_keys
+
+    def _bucket_state_keys(self, group, p: torch.Tensor) -> tuple:
+        """The state keys a bucket whose first param is `p` needs (a bucket has one format)."""
+        return self._state_keys_for(group)
 
     def _new_state(self, group, p: torch.Tensor, old) -> Dict[str, Any]:
         """A copy of `old` (or a fresh state) with every entry this group's step needs; `old`
@@ -352,11 +375,23 @@ class FusedOptimizer(Optimizer):
             )
         return _like_param(value.detach().reshape(p.shape), p)
 
+    def _load_state(self, group, p: torch.Tensor, values: Dict[str, Any], where: str):
+        """One param's loaded state, after each entry's conversion: the subclass may convert it
+        as a whole (Adam: to the group's state format)."""
+        return values
+
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads torchspeed's or torch.optim's state_dict. Everything is validated and converted
         first (hyperparameters, state sizes, an int `step` from old checkpoints); the optimizer
         changes only when all of it is good. torch casts floating state to the param dtype; fp32
         moments and masters are restored here without that downcast."""
+        if self._kept_on_load:
+            # The optimizer's own state format is kept; the loaded moments are converted to it.
+            state_dict = dict(state_dict)
+            state_dict["param_groups"] = [
+                {**saved, **{k: group[k] for k in self._kept_on_load}}
+                for saved, group in zip(state_dict["param_groups"], self.param_groups)
+            ] + list(state_dict["param_groups"][len(self.param_groups) :])
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError("loaded state dict has a different number of parameter groups")
@@ -364,6 +399,7 @@ class FusedOptimizer(Optimizer):
             merged = {**self.defaults, **{k: v for k, v in saved.items() if k != "params"}}
             self._check_hyperparameters(merged, f"state_dict param_groups[{i}]")
         index_to_param = {}
+        index_to_group = {}
         for saved_group, group in zip(saved_groups, self.param_groups):
             if len(saved_group["params"]) != len(group["params"]):
                 raise ValueError(
@@ -371,18 +407,29 @@ class FusedOptimizer(Optimizer):
                     "of optimizer's group"
                 )
             index_to_param.update(zip(saved_group["params"], group["params"]))
+            merged = {**self.defaults, **{k: v for k, v in saved_group.items() if k != "params"}}
+            index_to_group.update((index, merged) for index in saved_group["params"])
         converted = {}
         for index, saved in state_dict["state"].items():
             p = index_to_param.get(index)
             if p is None:
                 continue
             where = f"state_dict state[{index!r}]"
-            converted[p] = {k: self._load_value(k, v, p, where) for k, v in saved.items()}
+            values = {k: self._load_value(k, v, p, where) for k, v in saved.items()}
+            converted[p] = self._load_state(index_to_group[index], p, values, where)
         masks = self._masks  # torch's load_state_dict goes through __setstate__: keep the masks
         super().load_state_dict(state_dict)
         self._masks = masks
         for p, values in converted.items():
+            # Replaced, not updated: a conversion may drop entries (int8 absmaxes -> fp32).
+            self.state[p].clear()
             self.state[p].update(values)
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state held for all params: moments (and their absmaxes), masters,
+        EMA copies and step counts. Per param: 8 with float32 moments, 4 with bf16, about 2.03
+        with int8 (blocks of 256) under Adam/AdamW; docs/OPTIM.md."""
+        return sum(_state_nbytes(s) for s in self.state.values() if s)
 
     # ---- step ----------------------------------------------------------------------------------
     def _clip_coef(self, group, grad_scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -521,7 +568,7 @@ class FusedOptimizer(Optimizer):
         state_of = self.state
         wants_master = self._wants_master(group, params[0])  # shared by a bucket
         need_ema = group["ema_decay"] is not None
-        keys = self._state_keys_for(group)
+        keys = self._bucket_state_keys(group, params[0])
         keys += ("master",) * wants_master + ("ema",) * need_ema
         states = []
         for p in params:
@@ -583,6 +630,9 @@ def _traced_lr(lr: float, device: torch.device) -> torch.Tensor:
     whose kernels compute in float32, within that rounding for LAMB's double trust ratio."""
     return torch.full((1,), lr, dtype=torch.float32, device=device)
 
+def _state_nbytes(state: Dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
+
 
 def _missing(state: Dict[str, Any], keys: tuple) -> bool:
     # A loop, not `None in map(...)`: `in` would compare tensors with == None.
@@ -590,12 +640,6 @@ def _missing(state: Dict[str, Any], keys: tuple) -> bool:
         if state.get(key) is None:
             return True
     return False
-
-
-def _has_tensor(values) -> bool:
-    return torch.is_tensor(values) or (
-        isinstance(values, (tuple, list)) and any(torch.is_tensor(v) for v in values)
-    )
 
 
 # The ops' Meta kernels run exactly the validators the CPU and CUDA kernels run first, and write

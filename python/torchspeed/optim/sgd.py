@@ -5,7 +5,7 @@ from typing import Optional, Union
 import torch
 
 from .. import _C
-from ._fused import FusedOptimizer, _accept_torch_only_flags
+from ._fused import FusedOptimizer, _accept_torch_only_flags, _arguments
 
 
 class SGD(FusedOptimizer):
@@ -33,21 +33,8 @@ class SGD(FusedOptimizer):
         max_grad_norm: Optional[float] = None,
         ema_decay: Optional[float] = None,
     ):
+        defaults = _arguments(locals())
         _accept_torch_only_flags("SGD", foreach, fused, differentiable)
-        defaults = dict(
-            lr=lr,
-            momentum=momentum,
-            dampening=dampening,
-            weight_decay=weight_decay,
-            nesterov=nesterov,
-            maximize=maximize,
-            foreach=foreach,
-            differentiable=differentiable,
-            fused=fused,
-            master_weights=master_weights,
-            max_grad_norm=max_grad_norm,
-            ema_decay=ema_decay,
-        )
         super().__init__(params, defaults)
 
     def _group_defaults(self, group):

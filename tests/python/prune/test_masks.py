@@ -225,17 +225,6 @@ def test_optimizer_op_takes_packed_masks_only():
     assert_close(p, torch.where(keep, before - 0.1 * g, torch.zeros_like(p)))
 
 
-@pytest.mark.parametrize("numel", [1, 7, 8, 9, 100])
-def test_optimizer_packing_without_the_prune_ops(numel):
-    # torchspeed.optim packs masks with plain torch when the prune area is not built: same bits.
-    from torchspeed.optim import _fused
-
-    keep = torch.rand(numel) > 0.5
-    packed = _fused._pack_bits_torch(keep)
-    assert torch.equal(packed, pack_mask(keep))
-    assert torch.equal(_fused._unpack_bits_torch(packed, [numel]), keep)
-
-
 def test_op_wrappers_refuse_bad_python_types_before_the_op():
     """Adversarial pass (issue 23): each raised RuntimeError from the dispatcher, or truncated a
     float silently, before."""

@@ -70,7 +70,7 @@ def test_fused_optimizer_keeps_pruned_weights_zero(make, cpu_isa):
                     r.weight.mul_(masks[id(m.weight)])
     if ref_opt is not None:
         for p, q in zip(model.parameters(), ref.parameters()):
-            assert_close(p, q, rtol=1e-6, atol=1e-6)  # test_optim.py's FP32 tolerance
+            assert_close(p, q, rtol=1e-6, atol=1e-6)  # optim/test_optimizers.py's FP32 tolerance
 
 
 def test_set_mask_formats_and_errors():

@@ -1,6 +1,7 @@
-"""Hardening of torchspeed.optim: duplicate and aliased params, steps and loads that fail without
-changing anything, hyperparameter validation shared with C++, per-group clipping, old
-checkpoints, grad_stats([]) and torch.compile(opt.step)."""
+"""The shared machinery of torchspeed.optim (optim/_fused.py) under hostile input: duplicate
+and aliased params, steps and loads that fail without changing anything, hyperparameter
+validation shared with C++, Tensor betas, per-group clipping, old checkpoints, grad_stats([])
+and torch.compile(opt.step)."""
 
 import copy
 import math
@@ -256,6 +257,77 @@ def test_failing_load_state_dict_changes_nothing(name):
 def test_bad_hyperparameters_rejected_at_construction(name, kw, error, message):
     with pytest.raises(error, match=message):
         getattr(torchspeed.optim, name)([torch.randn(3)], **kw)
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "Lion", "LAMB"])
+def test_tensor_betas_step_like_float_betas_and_like_torch(name):
+    # torch.optim accepts betas=(Tensor, Tensor) on the CPU; their value is read at each step.
+    p0 = torch.randn(BIG, generator=torch.Generator().manual_seed(0))
+    a, b = p0.clone(), p0.clone()
+    betas = (torch.tensor(0.8), torch.tensor(0.95))
+    # The same values as floats (a float32 Tensor holds 0.8 rounded to float32).
+    opt_f = _make(name, [a], betas=tuple(float(x) for x in betas))
+    opt_t = _make(name, [b], betas=betas)
+    ref = None
+    if hasattr(torch.optim, name):
+        c = torch.nn.Parameter(p0.clone())
+        ref = getattr(torch.optim, name)([c], foreach=False, betas=betas, **KW[name])
+    for step in range(4):
+        if step == 2:  # an in-place change takes effect at the next step, as in torch
+            betas[0].fill_(0.7)
+            opt_f.param_groups[0]["betas"] = tuple(float(x) for x in betas)
+        (g,) = _grads([p0.shape], step)
+        a.grad, b.grad = g.clone(), g.clone()
+        opt_f.step()
+        opt_t.step()
+        if ref is not None:
+            c.grad = g.clone()
+            ref.step()
+    assert_close(b, a, rtol=0, atol=0)  # bitwise: the same kernel with the same scalars
+    if ref is not None:
+        assert_close(b, c.detach(), rtol=1e-6, atol=1e-6)
+    assert torch.is_tensor(opt_t.state_dict()["param_groups"][0]["betas"][0])
+
+
+@pytest.mark.parametrize(
+    "betas, kw, message",
+    [
+        ((torch.tensor(0.9), 0.99), {}, "betas must be either both floats or both Tensors"),
+        ((torch.tensor([0.9, 0.8]), torch.tensor(0.99)), {}, r"betas\[0\] must be a one-element"),
+        ((torch.tensor(1), torch.tensor(0.99)), {}, r"betas\[0\] must be a one-element float"),
+        ((torch.tensor(0.9), torch.tensor(1.5)), {}, r"betas\[1\] must be in \[0, 1\)"),
+        ((torch.tensor(0.9), torch.tensor(0.99)), dict(foreach=True), "capturable=False and"),
+    ],
+)
+def test_bad_tensor_betas_rejected_like_torch(betas, kw, message):
+    with pytest.raises(ValueError, match=message):
+        torchspeed.optim.AdamW([torch.randn(3)], betas=betas, **kw)
+    with pytest.raises((ValueError, RuntimeError)):  # torch: RuntimeError for a 2-element beta
+        torch.optim.AdamW([torch.randn(3)], betas=betas, **kw)
+
+
+def test_tensor_beta_changed_to_a_bad_value_is_caught_at_the_step():
+    betas = (torch.tensor(0.9), torch.tensor(0.99))
+    p = torch.nn.Parameter(torch.randn(8))
+    opt = torchspeed.optim.AdamW([p], betas=betas)
+    p.grad = torch.randn(8)
+    betas[1].fill_(1.0)
+    before = p.detach().clone()
+    with pytest.raises(ValueError, match=r"betas\[1\] must be in \[0, 1\)"):
+        opt.step()
+    assert torch.equal(p.detach(), before) and not opt.state
+
+
+def test_torch_default_adamw_on_the_cpu_is_the_for_loop_one():
+    # docs/OPTIM.md and docs/DEMO.md compare against torch's default AdamW: on the CPU that is the
+    # for-loop implementation (neither foreach nor fused), as torch's own chooser answers.
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    params = [torch.nn.Parameter(torch.randn(4))]
+    assert _default_to_fused_or_foreach(params, differentiable=False, use_fused=False) == (
+        False,
+        False,
+    )
 
 
 def test_hyperparameters_checked_at_add_param_group():
