@@ -1,8 +1,8 @@
-# The prune area (torchspeed.prune, include/torchspeed/prune.h): bit-packed pruning masks
-# (pack/unpack, in-place apply, N:M and exact-count magnitude selection) through the op recipe,
-# CPU kernels in the ISA table (kernels/cpu/prune.h) and CUDA kernels (prune.cu). Every file of
-# the area carries its name and is listed here, explicitly. The fused optimizers read the same
-# packed masks (optim area). Included by CMakeLists.txt when
+# The prune area (torchspeed.prune, include/torchspeed/prune.h): mask selection (N:M and
+# exact-count magnitude) through the op recipe, CPU kernels in the ISA table (kernels/cpu/prune.h)
+# and CUDA kernels (prune.cu). The packed-mask format itself (pack/unpack, in-place apply) is built
+# with the optimizers, whose steps read it (cmake/optim.cmake). Every file of the area carries its
+# name and is listed here, explicitly. Included by CMakeLists.txt when
 # TORCHSPEED_WITH_PRUNE is on (cmake/areas.txt).
 set(_ts_root "${CMAKE_CURRENT_LIST_DIR}/..")
 set(TORCHSPEED_PRUNE_SOURCES
