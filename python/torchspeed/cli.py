@@ -91,9 +91,7 @@ def main(argv=None) -> int:
         argv = sys.argv[1:]
     if argv and argv[0] == "demo":  # its own parser (python -m torchspeed.demo is the same)
         from .demo import main as demo_main
-        from .demo.flags import check_path_flags
 
-        check_path_flags(argv[1:])
         return demo_main(argv[1:])
     if argv and argv[0] == "doctor":
         # Everything after `--` (or after the options) is the script's: argparse must not read it.
@@ -140,9 +138,7 @@ def main(argv=None) -> int:
     if args.cmd == "bench":
         return benchmarks.run(args.name, args.args + extra)
     from .demo import main as demo_main
-    from .demo.flags import check_path_flags
 
-    check_path_flags(extra)
     return demo_main(extra)
 
 

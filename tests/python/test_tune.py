@@ -49,7 +49,9 @@ def test_batch_finder_against_an_rss_limit_on_the_cpu():
         del x
 
     got = max_batch_size(step, start=8, limit=1024, rss_limit_bytes=base + 200 * mib)
-    assert 120 <= got <= 200, got
+    # The limit is on the peak (ru_maxrss): where an earlier test left the peak above the current
+    # RSS, a step of 200 MiB raises the peak by less than 200 MiB, so a little more may fit.
+    assert 120 <= got <= 232, got
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import time
 from typing import List, Optional
 
 from .._atomic import atomic_write
+from .flags import check_path_flags
 
 _WHO = "torchspeed demo"
 
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = build_parser()
+    check_path_flags(ap, argv)
     args, extra = ap.parse_known_args(argv)
     if args.benchmarks:
         from .. import benchmarks

@@ -11,8 +11,8 @@ from .._cli_args import output_folder
 PATH_FLAGS = ("--out", "--data-dir")
 
 
-def check_path_flags(argv: Optional[List[str]]) -> None:
-    """Exits with the demo parser's usage error when a path flag names a file or an unwritable
+def check_path_flags(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> None:
+    """Exits with `parser`'s (the demo's) usage error when a path flag names a file or an unwritable
     place; returns quietly otherwise (every other flag is the demo parser's)."""
     import sys
 
@@ -31,6 +31,4 @@ def check_path_flags(argv: Optional[List[str]]) -> None:
         try:
             output_folder(value)
         except argparse.ArgumentTypeError as e:
-            from . import build_parser
-
-            build_parser().error(f"argument {flag}: {e}")
+            parser.error(f"argument {flag}: {e}")
