@@ -630,6 +630,7 @@ def _traced_lr(lr: float, device: torch.device) -> torch.Tensor:
     whose kernels compute in float32, within that rounding for LAMB's double trust ratio."""
     return torch.full((1,), lr, dtype=torch.float32, device=device)
 
+
 def _state_nbytes(state: Dict[str, Any]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
 
