@@ -132,7 +132,7 @@ step test_prune_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/prune
 step bench_prune 60 "$PYTHON" -m torchspeed.cli bench prune --quick --device cuda
 
 # A CUDA graph that captured opt.step() + sched.step() follows the LR schedule on replay.
-step test_train_utils_cuda 60 "$PYTHON" -m pytest -q -rs -k cuda tests/python/test_train_utils.py
+step test_lr_scheduler_cuda 60 "$PYTHON" -m pytest -q -rs -k "cuda or graph" tests/python/optim/test_lr_scheduler.py tests/python/test_checkpoint.py
 
 # The profiler's CUDA-event timeline against kernels of known duration, no sync inside a step, NVTX.
 step test_profile_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/profile/test_step_profiler_cuda.py
