@@ -11,7 +11,7 @@ import time
 from typing import List, Optional
 
 from .._atomic import atomic_write
-from .flags import check_path_flags
+from .._cli_args import output_folder
 
 _WHO = "torchspeed demo"
 
@@ -64,11 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--out",
         default=None,
+        type=output_folder,
         help="output folder (default $TORCHSPEED_RESULTS_DIR/demo, else ./torchspeed_results/demo)",
     )
     ap.add_argument(
         "--data-dir",
         default=None,
+        type=output_folder,
         help=f"dataset cache root (default ${ENV_DATA_DIR}, else $XDG_CACHE_HOME/torchspeed or ~/.cache/torchspeed)",
     )
     ap.add_argument(
@@ -106,7 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = build_parser()
-    check_path_flags(ap, argv)
     args, extra = ap.parse_known_args(argv)
     if args.benchmarks:
         from .. import benchmarks
