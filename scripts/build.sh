@@ -9,12 +9,9 @@ PY=${PYTHON:-python3}
 export TORCHSPEED_BUILD_DIR=${TORCHSPEED_BUILD_DIR:-$PWD/build/release}
 export CMAKE_ARGS="-DTORCHSPEED_BUILD_TESTS=ON ${CMAKE_ARGS:-}"
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-# ccache when installed: a rebuild, and the area-OFF builds of scripts/check_areas_off.sh, reuse
-# every unchanged object (CCACHE_BASEDIR makes command lines independent of the build folder).
-if command -v ccache >/dev/null 2>&1; then
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
-  CMAKE_ARGS="-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache $CMAKE_ARGS"
-fi
+# ccache when installed (scripts/ccache.sh): a rebuild reuses every unchanged object.
+source scripts/ccache.sh
+CMAKE_ARGS="${CCACHE_LAUNCHER[*]} $CMAKE_ARGS"
 mkdir -p build
 log=build/pip-install.log
 if ! "$PY" -m pip install --no-build-isolation --no-deps ${TORCHSPEED_EDITABLE:+-e} . >"$log" 2>&1; then

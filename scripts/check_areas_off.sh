@@ -16,14 +16,9 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 TORCH_CMAKE=$("$PY" -c "import torch.utils; print(torch.utils.cmake_prefix_path)")
-launcher=()
-if command -v ccache >/dev/null 2>&1; then
-  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
-            -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-  export CCACHE_BASEDIR=$ROOT
-else
-  echo "check_areas_off: no ccache: every configuration compiles from scratch"
-fi
+source scripts/ccache.sh
+launcher=("${CCACHE_LAUNCHER[@]}")
+[ ${#launcher[@]} -gt 0 ] || echo "check_areas_off: no ccache: every configuration compiles from scratch"
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 # Each optional area's own switch: the first switch on its lines of cmake/areas.txt.

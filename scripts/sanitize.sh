@@ -5,12 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_CMAKE=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+source scripts/ccache.sh  # a second run (or CI with a warm cache) recompiles only what changed
 # -O1 -g1 (line tables only): what ASan recommends, full stack traces with file:line, and half the
 # compile time of -O2 -g on these torch-heavy sources.
 cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTORCHSPEED_BUILD_PYTHON=OFF \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DTORCHSPEED_BUILD_TESTS=ON -DTORCHSPEED_SANITIZE=address,undefined -DTORCHSPEED_WITH_CUDA=OFF \
-  -DTORCHSPEED_WITH_DATA=${TORCHSPEED_WITH_DATA:-ON} -DCMAKE_PREFIX_PATH="$TORCH_CMAKE" >build/asan-configure.log
+  -DTORCHSPEED_WITH_DATA=${TORCHSPEED_WITH_DATA:-ON} -DCMAKE_PREFIX_PATH="$TORCH_CMAKE" "${CCACHE_LAUNCHER[@]}" >build/asan-configure.log
 # The build log stays in a file (the sanitizer build's -O1 brings gcc's false-positive
 # -Wmaybe-uninitialized warnings from libstdc++); its tail is printed if the build fails.
 if ! cmake --build build/asan -j "${MAX_JOBS:-$(nproc)}" >build/asan-build.log 2>&1; then
