@@ -54,10 +54,10 @@ struct TORCHSPEED_API DDPOptions {
   TORCH_ARG(bool, broadcast_buffers) = true;
   /// ZeRO stage: 0 all-reduces every bucket; 1 reduce-scatters it instead (buckets padded to a
   /// multiple of the world size), so each rank receives the averaged gradient of its contiguous
-  /// shard of every bucket (grad_shards()) and steps only that shard (Python:
-  /// torchspeed.dist.ZeroOptimizer). At the end of the synchronising backward one small
+  /// shard of every bucket (grad_shards()) and steps only that shard (ZeroOptimizer,
+  /// torchspeed/dist/zero.h; Python: torchspeed.dist.ZeroOptimizer). At the end of the synchronising backward one small
   /// all-reduce tells every rank whether any shard held inf/NaN; if so, every rank's first shard
-  /// gets an inf, so a GradScaler skips the step everywhere.
+  /// element that belongs to a param gets an inf, so a GradScaler skips the step everywhere.
   TORCH_ARG(int64_t, zero) = 0;
 };
 
@@ -213,6 +213,8 @@ class TORCHSPEED_API AccumulatingDDP {
   /// "" without zero.
   std::string zero_collectives() const;
   std::vector<std::pair<int64_t, int64_t>> param_slots() const;
+  /// The trainable params in slot order (param_slots()[i] is where slot_params()[i] lies).
+  std::vector<at::Tensor> slot_params() const;
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const;
 
  private:
