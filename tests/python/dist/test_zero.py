@@ -18,6 +18,7 @@ from dist_helpers import (
     assert_all_ok,
     case_reference,
     launch,
+    optimizer_spec,
     reference,
     window_data,
 )
@@ -123,17 +124,112 @@ def test_zero1_communicates_only_on_the_sync_step_and_counts_its_bytes(zero2):
         assert st["zero_steps"] == 3 and st["zero_skipped_steps"] == 0
 
 
-def test_zero1_state_bytes_per_rank_are_one_world_th(zero2):
-    """AdamW state (exp_avg, exp_avg_sq and the step) on each rank: at most 1/world of the
-    unsharded state plus one padding block per bucket."""
+@pytest.mark.parametrize("case", ["z_f64_adamw_clip", "z_f32_ts_adamw"])
+def test_zero1_state_bytes_per_rank_are_one_world_th_plus_one_block(zero2, case):
+    """torch.optim.AdamW on a float64 model and torchspeed's fused AdamW (float32 state): each
+    rank's elementwise state (exp_avg, exp_avg_sq) covers at most its shard of every bucket (1/world
+    of the elements plus less than one padding block per bucket), every element lies in exactly
+    one rank's state, and the only other state is one step count per piece."""
     n = sum(p.numel() for p in Net().parameters())
+    esize = 8 if ZERO_CASES[case]["dtype"] == torch.float64 else 4
+    world = len(zero2)
+    total = 0
     for r in zero2:
-        st = r["pt"]["z_f64_adamw_clip"]["stats"]
-        full = 2 * n * 8
-        pad = st["buckets"] * 2 * 2 * 8  # < world elements of padding per bucket and state
-        steps = st["buckets"] * 8  # one float64 step counter per bucket shard
-        assert st["optimizer_state_bytes"] <= full / 2 + pad + steps, st
-        assert st["grad_shard_bytes"] * 2 == st["bucket_bytes"]
+        res = r["pt"][case]
+        st, sd = res["stats"], res["final_state"]
+        elementwise = scalar = pieces = 0
+        for bucket in sd["shards"]:
+            for piece in bucket["state"].values():
+                pieces += 1
+                for v in piece.values():
+                    if v.dim() == 1:
+                        elementwise += v.numel() * v.element_size()
+                    else:
+                        scalar += v.numel() * v.element_size()
+        assert elementwise <= 2 * esize * (n / world + st["buckets"]), (elementwise, st)
+        assert scalar <= pieces * 8 and pieces <= len(list(Net().parameters())) + st["buckets"]
+        assert st["optimizer_state_bytes"] == elementwise + scalar
+        assert st["grad_shard_bytes"] * world == st["bucket_bytes"]
+        total += elementwise
+    assert total == 2 * esize * n  # every element's state on exactly one rank
+
+
+@pytest.mark.parametrize("case", ["z_f64_unused_adamw", "z_f64_never_adamw"])
+def test_zero1_adamw_state_of_params_without_gradient_is_torchs(zero2, case):
+    """A param whose .grad is None in a step (no rank used it, find_unused_parameters) is neither
+    updated nor advanced (exp_avg, exp_avg_sq and its step count stay), and one that never had a
+    gradient has no state at all: the consolidated state equals single-process torch.optim.AdamW's
+    state, entry by entry (float64, 1e-12)."""
+    ref, _, want = case_reference(case, 2, ZERO_CASES, with_state=True)
+    _equal_on_every_rank(zero2, case, ref, F64)
+    got = consolidate_state_dict([r["pt"][case]["final_state"] for r in zero2])
+    assert sorted(got["state"]) == sorted(want["state"])
+    if case == "z_f64_never_adamw":  # side.weight and side.bias: slots 6 and 7, no state
+        assert 6 not in got["state"] and 7 not in got["state"]
+    for i, st in want["state"].items():
+        assert sorted(got["state"][i]) == sorted(st), i
+        for key, v in st.items():
+            torch.testing.assert_close(got["state"][i][key], v, **F64, msg=f"state[{i}][{key}]")
+
+
+# ---- uneven inputs, a dead rank --------------------------------------------------------------------
+
+
+def _join_reference(steps, k=2, world=2):
+    """join_case's loop in one process: AdamW, the loss of every (rank, micro-step) over the
+    world (DDP's average), `side` unused (a zero gradient without find_unused_parameters)."""
+    net = Net(torch.float64)
+    cls, kw = optimizer_spec("adamw")
+    opt = cls(net.parameters(), **kw)
+    for step in range(steps):
+        x, y = window_data(step, world, k, 4, torch.float64)
+        for r in range(world):
+            for j in range(k):
+                (nn.functional.mse_loss(net(x[r, j]), y[r, j]) / world).backward()
+        for p in net.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad()
+    return {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+@pytest.mark.parametrize("mode", ["throw", "quiet"])
+def test_zero1_uneven_inputs_stop_every_rank_at_the_same_step(tmp_path, mode):
+    """Rank 1 runs out after 2 of 4 optimizer steps inside join(): rank 0 stops before step 3
+    (RanksOutOfData naming rank 1, or a warning), and both hold the params of the 2 sharded steps
+    they took together (nothing half-stepped)."""
+    records = launch(2, f"zjoin_{mode}", tmp_path, timeout=120)
+    assert_all_ok(records)
+    r0, r1 = (r["json"]["join"] for r in records)
+    assert r0["done"] == r1["done"] == 2 and r1["error"] is None
+    if mode == "throw":
+        assert r0["error"]["ranks"] == [1] and r0["error"]["is_runtime_error"]
+        assert "rank 1 ran out of data before optimizer step 3" in r0["error"]["message"]
+    else:
+        assert r0["error"] is None
+        assert any("rank 1 ran out of data" in w for w in r0["warnings"])
+    ref = _join_reference(steps=2)
+    for r in records:
+        for n, want in ref.items():
+            torch.testing.assert_close(r["pt"]["join_params"][n], want, **F64, msg=n)
+
+
+@pytest.mark.parametrize("at", ["backward", "optimizer"])
+def test_zero1_killed_rank_ends_the_others_with_an_error_within_the_timeout(tmp_path, at):
+    """Rank 1 is killed before its synchronising backward (rank 0 waits in the gradient
+    reduce-scatter) or before the ZeroOptimizer step (rank 0 waits in the parameter all-gather):
+    rank 0 raises from that very phase within the group's timeout, never hangs."""
+    timeout = 20
+    scenario = "zkill_backward" if at == "backward" else "zkill_step"
+    records = launch(2, scenario, tmp_path, timeout=120, env={"TS_PG_TIMEOUT": str(timeout)})
+    r0, r1 = records
+    assert r1["returncode"] == -9, r1["log"][-2000:]
+    assert r0["returncode"] == 3, f"rank 0 did not fail cleanly:\n{r0['log'][-3000:]}"
+    facts = r0["json"]
+    assert facts["elapsed_after_kill"] < timeout + 5, facts
+    assert "Error" in facts["error"], facts
+    assert facts["phase"] == f"step 2 {at}", facts
 
 
 def _resume_in_one_process(single_group, ck, world, k, steps):
