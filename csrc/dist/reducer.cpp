@@ -159,8 +159,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers
   if (options_.zero() == 1) {
     // Gloo's reduce_scatter and all_gather are 4x slower than its ring all-reduce (100 MB fp32 on
     // 2 ranks: 589 and 472 ms against 138 ms), so on Gloo the shards are cut from an all-reduce
-    // and the params gathered by one (same math; TORCHSPEED_ZERO_COLLECTIVES=native or
-    // all_reduce overrides). NCCL and others use reduce-scatter and all-gather.
+    // (same math) and ZeroShards gathers the params with one broadcast per rank
+    // (TORCHSPEED_ZERO_COLLECTIVES=native or all_reduce overrides). NCCL and others use
+    // reduce-scatter and all-gather.
     const char* env = std::getenv("TORCHSPEED_ZERO_COLLECTIVES");
     const std::string mode = env ? env : "";
     TORCH_CHECK_VALUE(mode.empty() || mode == "native" || mode == "all_reduce", kName,

@@ -126,6 +126,7 @@ void bind_dist(pybind11::module_& m) {
       .def("launch_gather", &ZeroShards::launch_gather, py::arg("bucket"), release())
       .def("finish_step", &ZeroShards::finish_step, release())
       .def_property_readonly("collectives", &ZeroShards::collectives)
+      .def_property_readonly("gather_method", &ZeroShards::gather_method)
       .def("stats", [](const ZeroShards& z) {
         const auto s = z.stats();
         py::dict out;

@@ -1,21 +1,23 @@
-// torchspeed::dist::ZeroOptimizer: ZeRO-1 for a C++ AccumulatingDDP built with DDPOptions().zero(1):
-// each rank keeps optimizer state only for its contiguous shard of every gradient bucket, steps it
-// with any torch::optim optimizer (torchspeed's fused AdamW, Adam, SGD, Lion or torch's own) and
-// all-gathers the updated params bucket by bucket (bucket b's gather runs while b + 1 is stepped).
+// torchspeed::dist::ZeroOptimizer: ZeRO-1 for a C++ AccumulatingDDP built with
+// DDPOptions().zero(1): each rank keeps optimizer state only for its contiguous shard of every
+// gradient bucket, steps it with any torch::optim optimizer (torchspeed's fused AdamW, Adam, SGD,
+// Lion or torch's own) and all-gathers the updated params bucket by bucket (bucket b's gather runs
+// while b + 1 is stepped).
 //
-//   torchspeed::dist::AccumulatingDDP ddp(*model, group, DDPOptions().accumulation_steps(8).zero(1));
-//   auto opt = torchspeed::dist::ZeroOptimizer::make<torchspeed::optim::AdamW>(
+//   torchspeed::dist::AccumulatingDDP ddp(*model, group,
+//   DDPOptions().accumulation_steps(8).zero(1)); auto opt =
+//   torchspeed::dist::ZeroOptimizer::make<torchspeed::optim::AdamW>(
 //       ddp, torchspeed::optim::AdamWOptions(1e-3).weight_decay(0.1));
 //   ... ddp.begin_micro_step(); loss.backward();
 //   if (ddp.sync_now()) { ddp.clip_grad_norm_(1.0); opt.step(); opt.zero_grad(); }
 //
 // The shard of bucket b on this rank is cut into "pieces", one per param it overlaps: each piece is
 // a 1-D leaf tensor (a view into the bucket's shard buffer, so the gather reads it in place) whose
-// .grad is the matching slice of the reduced gradient shard. The optimizer sees one param per piece,
-// so per-param semantics are those of a single process: a param whose .grad is undefined in a step
-// (frozen, or unused on every rank with find_unused_parameters) gets no state and no update, and
-// its step count does not advance. Python: torchspeed.dist.ZeroOptimizer drives the same ZeroShards
-// with a Python optimizer per bucket.
+// .grad is the matching slice of the reduced gradient shard. The optimizer sees one param per
+// piece, so per-param semantics are those of a single process: a param whose .grad is undefined in
+// a step (frozen, or unused on every rank with find_unused_parameters) gets no state and no update,
+// and its step count does not advance. Python: torchspeed.dist.ZeroOptimizer drives the same
+// ZeroShards with a Python optimizer per bucket.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -84,6 +86,10 @@ class TORCHSPEED_API ZeroShards {
   ZeroStats stats() const { return stats_; }
   /// "all_reduce" or "reduce_scatter", as AccumulatingDDP::zero_collectives().
   const std::string& collectives() const { return collectives_; }
+  /// How the params are gathered: "broadcast" (Gloo: each rank broadcasts its shard, half the
+  /// bytes of an all-reduce and at Gloo's broadcast speed, unlike its slow all_gather) or
+  /// "all_gather" (the real collective: NCCL, or TORCHSPEED_ZERO_COLLECTIVES=native).
+  std::string gather_method() const { return gather_by_broadcast_ ? "broadcast" : "all_gather"; }
 
  private:
   void restore_grads();
@@ -98,10 +104,10 @@ class TORCHSPEED_API ZeroShards {
   std::vector<std::vector<at::Tensor>> piece_grads_;
   std::vector<std::vector<ZeroPiece>> layout_;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> bucket_slots_;  // (slot, offset) per bucket
-  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::vector<std::vector<c10::intrusive_ptr<c10d::Work>>> works_;      // per bucket
   std::vector<bool> stepped_;  // per slot: had a gradient in the running step
   std::string collectives_;
-  bool gather_by_all_reduce_ = false;
+  bool gather_by_broadcast_ = false;
   bool in_step_ = false;
   ZeroStats stats_;
 };

@@ -127,6 +127,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return dict(
             self._core.stats(),
             zero_collectives=self._collectives,
+            zero_gather=self._core.gather_method,
             optimizer_state_bytes=self.state_bytes(),
         )
 
@@ -275,7 +276,9 @@ def _param_states(dicts) -> dict:
                 "(the state dicts are not of one step)"
             )
         full[slot] = {
-            key: torch.cat([st[key].cpu() for _, _, st in pieces]) if _elementwise(v0) else _copy(v0)
+            key: torch.cat([st[key].cpu() for _, _, st in pieces])
+            if _elementwise(v0)
+            else _copy(v0)
             for key, v0 in pieces[0][2].items()
         }
     return full

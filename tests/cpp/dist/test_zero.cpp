@@ -46,8 +46,8 @@ std::unique_ptr<torch::optim::Optimizer> make_opt(bool fused, std::vector<torch:
     return std::make_unique<torchspeed::optim::AdamW>(
         std::move(params), torchspeed::optim::AdamWOptions(1e-2).weight_decay(0.1));
   }
-  return std::make_unique<torch::optim::AdamW>(
-      std::move(params), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  return std::make_unique<torch::optim::AdamW>(std::move(params),
+                                               torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
 }
 
 struct RankResult {
@@ -123,8 +123,7 @@ std::vector<torch::Tensor> reference(bool fused, torch::Dtype dtype) {
   return out;
 }
 
-void check_against_reference(bool fused, torch::Dtype dtype, const char* collectives,
-                             double rtol) {
+void check_against_reference(bool fused, torch::Dtype dtype, const char* collectives, double rtol) {
   setenv("GLOO_SOCKET_IFNAME", "lo", 0);
   setenv("TORCHSPEED_ZERO_COLLECTIVES", collectives, 1);
   auto store = c10::make_intrusive<c10d::HashStore>();
@@ -140,8 +139,8 @@ void check_against_reference(bool fused, torch::Dtype dtype, const char* collect
   for (int r = 0; r < kWorld; ++r) {
     INFO("rank " << r << " (" << collectives << "): " << results[r].error);
     REQUIRE(results[r].error.empty());
-    CHECK(results[r].collectives == (std::string(collectives) == "native" ? "reduce_scatter"
-                                                                          : "all_reduce"));
+    const std::string want = std::string(collectives) == "native" ? "reduce_scatter" : "all_reduce";
+    CHECK(results[r].collectives == want);
     REQUIRE(results[r].params.size() == ref.size());
     for (size_t i = 0; i < ref.size(); ++i) {
       const double err = (results[r].params[i] - ref[i]).abs().max().item<double>();
@@ -170,7 +169,7 @@ TEST_CASE("ZeroOptimizer (C++) with torch::optim::AdamW in float64 equals the un
   check_against_reference(/*fused=*/false, torch::kFloat64, "all_reduce", 1e-12);
 }
 
-TEST_CASE("ZeroOptimizer (C++) refuses an AccumulatingDDP without zero=1") {
+TEST_CASE("ZeroOptimizer (C++) refuses an AccumulatingDDP without zero=1 and no factory") {
   setenv("GLOO_SOCKET_IFNAME", "lo", 0);
   auto store = c10::make_intrusive<c10d::HashStore>();
   auto group = tsd::new_gloo_group(store, 0, 1);
@@ -182,5 +181,13 @@ TEST_CASE("ZeroOptimizer (C++) refuses an AccumulatingDDP without zero=1") {
   } catch (const c10::ValueError& e) {
     CHECK_THAT(std::string(e.what_without_backtrace()),
                Catch::Matchers::Contains("must be built with zero=1, got zero=0"));
+  }
+  tsd::AccumulatingDDP sharded(*net, group, tsd::DDPOptions().zero(1));
+  try {
+    tsd::ZeroOptimizer opt(sharded, tsd::ZeroOptimizer::Factory());
+    FAIL("no error");
+  } catch (const c10::ValueError& e) {
+    CHECK_THAT(std::string(e.what_without_backtrace()),
+               Catch::Matchers::Contains("make_optimizer must be a callable"));
   }
 }

@@ -97,10 +97,12 @@ def test_zero1_on_four_ranks(zero4, case):
 
 
 def test_zero1_collectives_per_backend(zero2, zero4):
-    for r in zero2:
-        assert r["pt"]["z_f64_sgd"]["stats"]["zero_collectives"] == "all_reduce"  # Gloo default
+    for r in zero2:  # Gloo default: reduce by all-reduce, gather by one broadcast per rank
+        assert r["pt"]["z_f64_sgd"]["stats"]["zero_collectives"] == "all_reduce"
+        assert r["pt"]["z_f64_sgd"]["stats"]["zero_gather"] == "broadcast"
     for r in zero4:
         assert r["pt"]["z_f64_sgd"]["stats"]["zero_collectives"] == "reduce_scatter"
+        assert r["pt"]["z_f64_sgd"]["stats"]["zero_gather"] == "all_gather"
 
 
 def test_zero1_bf16_compression_stays_close(zero2):
@@ -327,6 +329,8 @@ def test_zero_optimizer_refuses_bad_arguments(single_group):
     sd = opt.state_dict()
     with pytest.raises(ValueError, match="not a ZeroOptimizer state_dict"):
         opt.load_state_dict(torch.optim.SGD(Net().parameters(), lr=0.1).state_dict())
+    with pytest.raises(ValueError, match=r"not a ZeroOptimizer state_dict \(format .*/v2\)"):
+        opt.load_state_dict(dict(sd, format="torchspeed.dist.zero1/v1"))  # before the pieces
     with pytest.raises(TypeError, match="state_dict must be a dict or a list"):
         opt.load_state_dict("checkpoint.pt")
     half = dict(sd, world_size=2)  # one of two ranks' shards
