@@ -47,6 +47,7 @@ ZeroShards::ZeroShards(AccumulatingDDP& ddp) : ddp_(ddp) {
   layout_.resize(nb);
   works_.resize(nb);
   stepped_.assign(params_.size(), false);
+  synced_version_.assign(params_.size(), -1);
   at::NoGradGuard no_grad;
   for (size_t b = 0; b < nb; ++b) {
     auto& in_bucket = bucket_slots_[b];
@@ -123,6 +124,7 @@ bool ZeroShards::begin_step(const at::Tensor& grad_scale, const at::Tensor& foun
       bucket.clear();
     }
     restore_grads();
+    synced_version_.assign(params_.size(), -1);  // the pieces may be half-stepped: reload
     in_step_ = false;
   }
   stats_.last_bytes_all_gathered = 0;
@@ -144,15 +146,25 @@ bool ZeroShards::begin_step(const at::Tensor& grad_scale, const at::Tensor& foun
   for (size_t i = 0; i < params_.size(); ++i) {
     stepped_[i] = params_[i].requires_grad() && params_[i].grad().defined();
   }
+  // The pieces' values from the params, unless a param was not written since its pieces last
+  // equalled it (the usual case: only this object writes the params between steps).
+  std::vector<bool> load(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    load[i] = static_cast<int64_t>(params_[i]._version()) != synced_version_[i];
+  }
   for (size_t b = 0; b < pieces_.size(); ++b) {
     for (size_t k = 0; k < pieces_[b].size(); ++k) {
       const ZeroPiece& piece = layout_[b][k];
       const at::Tensor& p = params_[piece.slot];
       if (!stepped_[piece.slot]) pieces_[b][k].mutable_grad() = at::Tensor();
+      if (!load[piece.slot]) continue;
       at::Tensor flat = flat_view(p);
       if (!flat.defined()) flat = p.detach().reshape({-1});
       pieces_[b][k].detach().copy_(flat.narrow(0, piece.param_offset, piece.numel));
     }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    synced_version_[i] = static_cast<int64_t>(params_[i]._version());
   }
   in_step_ = true;
   return true;
@@ -205,11 +217,13 @@ void ZeroShards::finish_step() {
         } else {
           p.detach().copy_(full.narrow(0, offset, p.numel()).view(p.sizes()));
         }
+        synced_version_[slot] = static_cast<int64_t>(p._version());
       }
     }
   } catch (...) {
     for (auto& bucket : works_) bucket.clear();
     restore_grads();
+    synced_version_.assign(params_.size(), -1);
     in_step_ = false;
     throw;
   }

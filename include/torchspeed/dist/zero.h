@@ -106,6 +106,9 @@ class TORCHSPEED_API ZeroShards {
   std::vector<std::vector<std::pair<int64_t, int64_t>>> bucket_slots_;  // (slot, offset) per bucket
   std::vector<std::vector<c10::intrusive_ptr<c10d::Work>>> works_;      // per bucket
   std::vector<bool> stepped_;  // per slot: had a gradient in the running step
+  // Per slot: the param's version counter when its pieces last equalled it (after a load or a
+  // store); unchanged at the next step means nothing wrote the param, and the load is skipped.
+  std::vector<int64_t> synced_version_;
   std::string collectives_;
   bool gather_by_broadcast_ = false;
   bool in_step_ = false;

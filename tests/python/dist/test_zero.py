@@ -378,3 +378,30 @@ def test_lr_schedulers_drive_the_shard_optimizers(single_group):
     opt.step()
     sched.step()
     assert [inner.param_groups[0]["lr"] for inner in opt._inner] == [0.05] * len(opt._inner)
+
+
+def test_zero1_step_reads_params_written_between_steps(single_group):
+    """The step skips re-reading a param nothing wrote since its last gather (its version counter
+    is unchanged), and re-reads one written in between (an in-place edit, a loaded checkpoint):
+    the next step starts from the written value, as a plain optimizer would."""
+    net, ref = Net(torch.float64), Net(torch.float64)
+    model = AccumulatingDDP(net, zero=1, process_group=single_group)
+    opt = model.zero_optimizer(torch.optim.SGD, lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(3):
+        if step == 1:  # written between steps, in both runs
+            with torch.no_grad():
+                net.l1.weight.mul_(0.5)
+                ref.l1.weight.mul_(0.5)
+        if step == 2:
+            net.load_state_dict({n: t * 1.25 for n, t in ref.state_dict().items()})
+            ref.load_state_dict({n: t * 1.25 for n, t in ref.state_dict().items()})
+        x, y = window_data(step, 1, 1, 4, torch.float64)
+        nn.functional.mse_loss(model(x[0, 0], use_side=True), y[0, 0]).backward()
+        nn.functional.mse_loss(ref(x[0, 0], use_side=True), y[0, 0]).backward()
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    for (n, p), q in zip(net.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), **F64, msg=n)
