@@ -1,4 +1,5 @@
-# The dist area (torchspeed.dist, include/torchspeed/dist/): AccumulatingDDP, the gradient reducer
+# The dist area (torchspeed.dist, include/torchspeed/dist/): AccumulatingDDP, the gradient reducer,
+# ZeRO-1's ZeroShards/ZeroOptimizer (csrc/dist/zero.cpp)
 # over torch's own c10d process groups (Gloo on CPUs, NCCL in CUDA builds of torch), and its bucket
 # op scale_cast_ (CPU SIMD kernel in the ISA table, CUDA kernel). Needs nothing beyond LibTorch.
 # Included by CMakeLists.txt when TORCHSPEED_WITH_DIST is on (cmake/areas.txt): sets
@@ -14,6 +15,7 @@ endif()
 set(TORCHSPEED_DIST_SOURCES
   "${_ts_root}/csrc/dist/process_group.cpp"
   "${_ts_root}/csrc/dist/reducer.cpp"
+  "${_ts_root}/csrc/dist/zero.cpp"
   "${_ts_root}/csrc/ops/dist.cpp"
   "${_ts_root}/csrc/ops/cpu/dist_cpu.cpp"
   "${_ts_root}/csrc/ops/meta/dist_meta.cpp"
@@ -24,7 +26,8 @@ set(TORCHSPEED_DIST_CUDA_SOURCES
 )
 set(TORCHSPEED_DIST_INCLUDE_DIRS "")
 set(TORCHSPEED_DIST_PYTHON_SOURCES "${_ts_root}/csrc/python/dist_bindings.cpp")
-set(TORCHSPEED_DIST_TEST_SOURCES "${_ts_root}/tests/cpp/dist/test_dist.cpp")
+set(TORCHSPEED_DIST_TEST_SOURCES "${_ts_root}/tests/cpp/dist/test_dist.cpp"
+  "${_ts_root}/tests/cpp/dist/test_zero.cpp")
 set(TORCHSPEED_DIST_LIBS "")
 set(TORCHSPEED_DIST_DEFINITIONS "")
 set(TORCHSPEED_DIST_FEATURES dist gloo)

@@ -159,8 +159,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<at::Tensor> buffers
   if (options_.zero() == 1) {
     // Gloo's reduce_scatter and all_gather are 4x slower than its ring all-reduce (100 MB fp32 on
     // 2 ranks: 589 and 472 ms against 138 ms), so on Gloo the shards are cut from an all-reduce
-    // and the params gathered by one (same math; TORCHSPEED_ZERO_COLLECTIVES=native or
-    // all_reduce overrides). NCCL and others use reduce-scatter and all-gather.
+    // (same math) and ZeroShards gathers the params with one broadcast per rank
+    // (TORCHSPEED_ZERO_COLLECTIVES=native or all_reduce overrides). NCCL and others use
+    // reduce-scatter and all-gather.
     const char* env = std::getenv("TORCHSPEED_ZERO_COLLECTIVES");
     const std::string mode = env ? env : "";
     TORCH_CHECK_VALUE(mode.empty() || mode == "native" || mode == "all_reduce", kName,
@@ -349,6 +350,7 @@ void Reducer::build_buckets() {
     const at::Tensor& p0 = slots_[k.slots.front()].param;
     // zero=1: padded with zeros to a multiple of the world size, one equal shard per rank.
     const int64_t numel = zero ? (numel_of[b] + world_ - 1) / world_ * world_ : numel_of[b];
+    k.used = numel_of[b];
     k.flat = at::zeros({numel}, p0.options().requires_grad(false));
     if (wire_dtype_ != at::kFloat && p0.scalar_type() == at::kFloat) {
       k.wire = at::zeros({numel}, k.flat.options().dtype(wire_dtype_));
@@ -583,8 +585,10 @@ void Reducer::agree_on_nonfinite() {
   if (!last_nonfinite_) return;
   ++stats_.nonfinite_steps;
   at::NoGradGuard no_grad;
+  // The first shard element that belongs to a param (padding is no optimizer's gradient): a
+  // GradScaler looks at the params' gradients only.
   for (Bucket& k : buckets_) {
-    if (k.shard.numel() == 0) continue;
+    if (k.shard.numel() == 0 || rank_ * k.shard.numel() >= k.used) continue;
     k.shard.narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
     break;
   }
@@ -819,6 +823,12 @@ std::vector<std::pair<int64_t, int64_t>> Reducer::param_slots() const {
   return out;
 }
 
+std::vector<at::Tensor> Reducer::slot_params() const {
+  std::vector<at::Tensor> out;
+  for (const Slot& s : slots_) out.push_back(s.param);
+  return out;
+}
+
 // ---- the public class
 // -----------------------------------------------------------------------------
 
@@ -866,6 +876,7 @@ std::string AccumulatingDDP::zero_collectives() const { return reducer_->zero_co
 std::vector<std::pair<int64_t, int64_t>> AccumulatingDDP::param_slots() const {
   return reducer_->param_slots();
 }
+std::vector<at::Tensor> AccumulatingDDP::slot_params() const { return reducer_->slot_params(); }
 const c10::intrusive_ptr<c10d::ProcessGroup>& AccumulatingDDP::process_group() const {
   return reducer_->group();
 }

@@ -40,6 +40,7 @@ class Reducer {
   bool last_nonfinite() const;
   std::string zero_collectives() const;
   std::vector<std::pair<int64_t, int64_t>> param_slots() const;
+  std::vector<at::Tensor> slot_params() const;
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
 
  private:
@@ -62,6 +63,7 @@ class Reducer {
     at::Tensor shard;  // zero=1: this rank's reduced shard (params' dtype)
     at::Tensor wire_shard;  // zero=1 with compression: the shard as received
     std::vector<size_t> slots;
+    int64_t used = 0;     // elements holding gradients (the rest is zero padding)
     int64_t pending = 0;  // slots not yet ready in this synchronising micro-step
     c10::intrusive_ptr<c10d::Work> work;
     bool launched_during_backward = false;

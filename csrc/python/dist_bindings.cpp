@@ -4,10 +4,13 @@
 // c10::intrusive_ptr holder declared by torch/csrc/utils/pybind.h), so the cast is torch's.
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <tuple>
 
 #include "python/bindings.h"
 #include "torchspeed/dist/ddp.h"
+#include "torchspeed/dist/zero.h"
 
 namespace torchspeed::python {
 
@@ -91,7 +94,49 @@ void bind_dist(pybind11::module_& m) {
       .def("grad_shards", &AccumulatingDDP::grad_shards)
       .def_property_readonly("last_nonfinite", &AccumulatingDDP::last_nonfinite)
       .def_property_readonly("zero_collectives", &AccumulatingDDP::zero_collectives)
-      .def("param_slots", &AccumulatingDDP::param_slots);
+      .def("param_slots", &AccumulatingDDP::param_slots)
+      .def("slot_params", &AccumulatingDDP::slot_params);
+
+  // ZeRO-1's layout and step collectives; torchspeed.dist.ZeroOptimizer steps the pieces with a
+  // Python optimizer per bucket between begin_step and finish_step.
+  using torchspeed::dist::ZeroShards;
+  py::class_<ZeroShards>(d, "ZeroShards")
+      .def(py::init<AccumulatingDDP&>(), py::arg("ddp"), py::keep_alive<1, 2>())
+      .def_property_readonly("num_buckets", &ZeroShards::num_buckets)
+      .def("pieces", &ZeroShards::pieces, py::arg("bucket"))
+      .def(
+          "layout",
+          [](const ZeroShards& z, int64_t b) {
+            std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> out;
+            for (const auto& p : z.layout(b)) {
+              out.emplace_back(p.slot, p.shard_offset, p.param_offset, p.numel);
+            }
+            return out;
+          },
+          py::arg("bucket"))
+      .def("shard_numel", &ZeroShards::shard_numel, py::arg("bucket"))
+      .def(
+          "begin_step",
+          [](ZeroShards& z, std::optional<at::Tensor> grad_scale,
+             std::optional<at::Tensor> found_inf) {
+            return z.begin_step(grad_scale.value_or(at::Tensor()),
+                                found_inf.value_or(at::Tensor()));
+          },
+          py::arg("grad_scale") = py::none(), py::arg("found_inf") = py::none(), release())
+      .def("launch_gather", &ZeroShards::launch_gather, py::arg("bucket"), release())
+      .def("finish_step", &ZeroShards::finish_step, release())
+      .def_property_readonly("collectives", &ZeroShards::collectives)
+      .def_property_readonly("gather_method", &ZeroShards::gather_method)
+      .def("stats", [](const ZeroShards& z) {
+        const auto s = z.stats();
+        py::dict out;
+        out["zero_steps"] = s.zero_steps;
+        out["zero_skipped_steps"] = s.zero_skipped_steps;
+        out["bytes_all_gathered"] = s.bytes_all_gathered;
+        out["last_bytes_all_gathered"] = s.last_bytes_all_gathered;
+        out["shard_param_bytes"] = s.shard_param_bytes;
+        return out;
+      });
 }
 
 }  // namespace torchspeed::python

@@ -54,10 +54,11 @@ struct TORCHSPEED_API DDPOptions {
   TORCH_ARG(bool, broadcast_buffers) = true;
   /// ZeRO stage: 0 all-reduces every bucket; 1 reduce-scatters it instead (buckets padded to a
   /// multiple of the world size), so each rank receives the averaged gradient of its contiguous
-  /// shard of every bucket (grad_shards()) and steps only that shard (Python:
-  /// torchspeed.dist.ZeroOptimizer). At the end of the synchronising backward one small
-  /// all-reduce tells every rank whether any shard held inf/NaN; if so, every rank's first shard
-  /// gets an inf, so a GradScaler skips the step everywhere.
+  /// shard of every bucket (grad_shards()) and steps only that shard (ZeroOptimizer,
+  /// torchspeed/dist/zero.h; Python: torchspeed.dist.ZeroOptimizer). At the end of the
+  /// synchronising backward one small all-reduce tells every rank whether any shard held inf/NaN;
+  /// if so, every rank's first shard element that belongs to a param gets an inf, so a GradScaler
+  /// skips the step everywhere.
   TORCH_ARG(int64_t, zero) = 0;
 };
 
@@ -208,11 +209,14 @@ class TORCHSPEED_API AccumulatingDDP {
   /// zero=1: whether the last synchronising backward found inf/NaN in any rank's shard.
   bool last_nonfinite() const;
   /// zero=1: "reduce_scatter" (the shards reduce-scattered, the params all-gathered: NCCL), or
-  /// "all_reduce" (both done with an all-reduce: Gloo, whose ring all-reduce is much faster than
-  /// its reduce_scatter/all_gather; TORCHSPEED_ZERO_COLLECTIVES=native|all_reduce overrides);
+  /// "all_reduce" (the shards cut from an all-reduce, the params gathered by one broadcast per
+  /// rank: Gloo, whose ring all-reduce and broadcast are much faster than its
+  /// reduce_scatter/all_gather; TORCHSPEED_ZERO_COLLECTIVES=native|all_reduce overrides);
   /// "" without zero.
   std::string zero_collectives() const;
   std::vector<std::pair<int64_t, int64_t>> param_slots() const;
+  /// The trainable params in slot order (param_slots()[i] is where slot_params()[i] lies).
+  std::vector<at::Tensor> slot_params() const;
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const;
 
  private:

@@ -3,14 +3,21 @@
 With ``AccumulatingDDP(module, ..., zero=1)`` the reducer reduce-scatters each gradient bucket on
 the synchronising micro-step (instead of all-reducing it): rank r receives the averaged gradient
 of elements ``[r * s, (r + 1) * s)`` of every bucket (buckets are padded to a multiple of the
-world size). This optimizer owns one flat "shard parameter" per bucket, steps it with any
-optimizer class (torchspeed's fused AdamW/Adam/SGD/Lion or a ``torch.optim`` class) and
-all-gathers the updated shards back into the module's params, bucket by bucket: the all-gather of
-bucket b runs while bucket b + 1 is stepped.
+world size). The shard layout and the step's collectives are C++ (``torchspeed._C.dist.ZeroShards``,
+include/torchspeed/dist/zero.h, shared with the C++ ``torchspeed::dist::ZeroOptimizer``): each
+rank's shard of a bucket is cut into one "piece" per param it overlaps (a 1-D leaf tensor whose
+``.grad`` is the matching slice of the reduced gradient). This optimizer steps the pieces with one
+``optimizer_class`` per bucket (torchspeed's fused AdamW/Adam/SGD/Lion or a ``torch.optim`` class)
+and the C++ side all-gathers the updated shards back into the module's params, bucket by bucket:
+the all-gather of bucket b runs while bucket b + 1 is stepped.
 
     model = AccumulatingDDP(net, accumulation_steps=8, zero=1)
     opt = model.zero_optimizer(torchspeed.optim.AdamW, lr=1e-3, weight_decay=0.1)
     ... loss.backward(); if model.sync_now: model.clip_grad_norm_(1.0); opt.step(); opt.zero_grad()
+
+One param per piece gives single-process semantics per param: a param whose ``.grad`` is None in a
+step (frozen, or unused on every rank with ``find_unused_parameters=True``) gets no state and no
+update, and its step count does not advance, as ``torch.optim`` leaves it.
 
 A step with a non-finite gradient on any rank is skipped on every rank: the reducer checks the
 shards at the end of the synchronising backward (one small all-reduce) and, when any rank found
@@ -21,38 +28,24 @@ stays identical; without a GradScaler this optimizer skips by itself.
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from .._native import native_module
 
 _NAME = "torchspeed.dist.ZeroOptimizer"
-_FORMAT = "torchspeed.dist.zero1/v1"
-
-
-def _all_gather(out: torch.Tensor, shard: torch.Tensor, group) -> Any:
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return gather(out, shard, group=group, async_op=True)
-
-
-def _memory_order_view(p: torch.Tensor) -> torch.Tensor | None:
-    """A flat view of `p` in its memory order (how its grad lies in the bucket: channels_last
-    included), or None for a layout with gaps or overlap (the bucket then holds it in logical
-    order, as the reducer does)."""
-    order = sorted(range(p.dim()), key=lambda d: -p.stride(d))
-    q = p.permute(order)
-    return q.view(-1) if q.is_contiguous() else None
+_FORMAT = "torchspeed.dist.zero1/v2"
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
-    """An ``optimizer_class`` per bucket shard of a ``zero=1`` AccumulatingDDP (see the module
-    docstring). ``param_groups`` are the inner optimizers' groups (one per bucket), so LR
-    schedulers and GradScaler work on it as on a plain optimizer; ``state_dict()`` is this rank's
-    shard plus the layout, and ``load_state_dict`` also takes the list of every rank's state
-    dicts from a run on another world size (re-sharding on the CPU, nothing is gathered on one
-    rank). :func:`consolidate_state_dict` turns that list into a plain ``optimizer_class``
-    state_dict for the unwrapped model."""
+    """An ``optimizer_class`` per bucket over this rank's pieces of a ``zero=1`` AccumulatingDDP
+    (see the module docstring). ``param_groups`` are the inner optimizers' groups (one per
+    bucket), so LR schedulers and GradScaler work on it as on a plain optimizer; ``state_dict()``
+    is this rank's shard plus the layout, and ``load_state_dict`` also takes the list of every
+    rank's state dicts from a run on another world size (re-sharding on the CPU, nothing is
+    gathered on one rank). :func:`consolidate_state_dict` turns that list into a plain
+    ``optimizer_class`` state_dict for the unwrapped model."""
 
     _step_supports_amp_scaling = True
 
@@ -71,76 +64,41 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 f"{_NAME}: optimizer_class LAMB needs per-parameter norms, which a flat shard "
                 "does not have; use AdamW, Adam, SGD or Lion"
             )
-        impl = ddp._impl
         self._ddp = ddp
-        self._group = ddp.process_group
         self._world = ddp.world_size
         self._rank = ddp.rank
-        self._buckets = impl.buckets()
-        self._grad_shards = impl.grad_shards()
-        self._slot_params = ddp._slot_params
-        slots = impl.param_slots()
-        self._layout = []  # per bucket: [(slot index, offset, numel)]
-        for _ in self._buckets:
-            self._layout.append([])
+        self._core = native_module("dist", _NAME).ZeroShards(ddp._impl)
+        self._buckets = ddp._impl.buckets()
+        slots = ddp._impl.param_slots()
+        self._shapes = [list(p.shape) for p in ddp._slot_params]
+        self._bucket_params = [[] for _ in self._buckets]  # per bucket: [(slot, offset, numel)]
         for i, (b, offset) in enumerate(slots):
-            self._layout[b].append((i, offset, self._slot_params[i].numel()))
-        self._shards = []
-        for flat in self._buckets:
-            s = flat.numel() // self._world
-            shard = torch.zeros(s, dtype=flat.dtype, device=flat.device, requires_grad=True)
-            self._shards.append(shard)
-        self._gathered = [torch.empty_like(flat) for flat in self._buckets]
-        self._inner = [optimizer_class([shard], **defaults) for shard in self._shards]
-        super().__init__([{"params": [s]} for s in self._shards], self._inner[0].defaults)
+            self._bucket_params[b].append([i, offset, self._shapes_numel(i)])
+        self._pieces = [self._core.layout(b) for b in range(len(self._buckets))]
+        # A bucket with no element on this rank (a tiny bucket, many ranks) steps a 0-element
+        # placeholder that never has a gradient: every rank has one optimizer per bucket.
+        self._inner = [
+            optimizer_class(
+                list(self._core.pieces(b)) or [torch.zeros(0, requires_grad=True)], **defaults
+            )
+            for b in range(len(self._buckets))
+        ]
+        super().__init__(
+            [{"params": list(o.param_groups[0]["params"])} for o in self._inner],
+            self._inner[0].defaults,
+        )
         self.param_groups = [opt.param_groups[0] for opt in self._inner]
         self._optimizer_class = optimizer_class
         # The reducer's choice for this backend (Gloo: all-reduce; NCCL: the real collectives).
-        self._collectives = impl.zero_collectives
-        self._gather_by_all_reduce = self._collectives == "all_reduce"
-        self._stats = {
-            "zero_steps": 0,
-            "zero_skipped_steps": 0,
-            "bytes_all_gathered": 0,
-            "last_bytes_all_gathered": 0,
-        }
-        for shard, grad in zip(self._shards, self._grad_shards):
-            shard.grad = grad  # what GradScaler.unscale_ and clipping see
+        self._collectives = self._core.collectives
+
+    def _shapes_numel(self, i: int) -> int:
+        n = 1
+        for d in self._shapes[i]:
+            n *= d
+        return n
 
     # ---- the step ---------------------------------------------------------------------------------
-
-    def _range(self, b: int) -> tuple[int, int]:
-        s = self._shards[b].numel()
-        return self._rank * s, (self._rank + 1) * s
-
-    @torch.no_grad()
-    def _load_shard(self, b: int) -> None:
-        """The shard's values from the params (the params are the truth: a checkpoint loaded into
-        the module, or any other change, is picked up)."""
-        lo, hi = self._range(b)
-        shard = self._shards[b]
-        for i, offset, numel in self._layout[b]:
-            a, z = max(lo, offset), min(hi, offset + numel)
-            if a < z:
-                p = self._slot_params[i].detach()
-                flat = _memory_order_view(p)
-                flat = p.reshape(-1) if flat is None else flat
-                shard[a - lo : z - lo].copy_(flat[a - offset : z - offset])
-
-    @torch.no_grad()
-    def _store_params(self, b: int) -> None:
-        full = self._gathered[b]
-        for i, offset, numel in self._layout[b]:
-            p = self._slot_params[i]
-            # A param frozen after wrapping, or one no rank used in the window (find_unused:
-            # .grad None on every rank), keeps its value as a single-process optimizer would
-            # leave it (its state elements still see a zero gradient: see docs/DIST.md).
-            if p.requires_grad and p.grad is not None:
-                flat = _memory_order_view(p.detach())
-                if flat is not None:
-                    flat.copy_(full[offset : offset + numel])
-                else:
-                    p.copy_(full[offset : offset + numel].view(p.shape))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -148,38 +106,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         rank's gradient was non-finite)."""
         if closure is not None:
             raise ValueError(f"{_NAME}: closure is not supported (the step is sharded)")
-        found_inf = getattr(self, "found_inf", None)
+        found_inf = getattr(self, "found_inf", None)  # GradScaler's, with amp scaling support
         grad_scale = getattr(self, "grad_scale", None)
-        skip = self._ddp._impl.last_nonfinite
-        if found_inf is not None and float(found_inf) != 0:
-            skip = True  # GradScaler: the reducer made every rank see the inf, so all skip
-        self._stats["last_bytes_all_gathered"] = 0
-        if skip:
-            self._stats["zero_skipped_steps"] += 1
+        if not self._core.begin_step(grad_scale, found_inf):
             return None
-        for b, shard in enumerate(self._shards):
-            shard.grad = self._grad_shards[b]
-            if grad_scale is not None:
-                shard.grad.mul_(1.0 / grad_scale.to(shard.grad.dtype))
-        works = []
         for b, opt in enumerate(self._inner):
-            self._load_shard(b)
             opt.step()
-            shard = self._shards[b].detach()
-            if self._gather_by_all_reduce:  # Gloo: an all-reduce of zeros but this rank's shard
-                lo, hi = self._range(b)
-                self._gathered[b].zero_()
-                self._gathered[b][lo:hi].copy_(shard)
-                works.append(dist.all_reduce(self._gathered[b], group=self._group, async_op=True))
-            else:
-                works.append(_all_gather(self._gathered[b], shard, self._group))
-            nbytes = self._gathered[b].numel() * self._gathered[b].element_size()
-            self._stats["bytes_all_gathered"] += nbytes
-            self._stats["last_bytes_all_gathered"] += nbytes
-        for b, work in enumerate(works):
-            work.wait()
-            self._store_params(b)
-        self._stats["zero_steps"] += 1
+            self._core.launch_gather(b)
+        self._core.finish_step()
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -191,10 +125,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Steps, skipped steps, bytes all-gathered (in total and in the last step), and the bytes
         of optimizer state and shard params this rank holds."""
         return dict(
-            self._stats,
+            self._core.stats(),
             zero_collectives=self._collectives,
+            zero_gather=self._core.gather_method,
             optimizer_state_bytes=self.state_bytes(),
-            shard_param_bytes=sum(s.numel() * s.element_size() for s in self._shards),
         )
 
     def state_bytes(self) -> int:
@@ -210,11 +144,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
     # ---- checkpoints ------------------------------------------------------------------------------
 
     def _layout_dict(self) -> list[dict]:
+        """Per bucket: its padded size and dtype, where each param lies in it (the same on every
+        rank) and this rank's pieces as [slot, offset into the param, numel] (the inner
+        optimizer's param i is piece i)."""
         return [
             {
                 "padded": flat.numel(),
                 "dtype": str(flat.dtype),
-                "params": [[i, offset, numel] for i, offset, numel in self._layout[b]],
+                "params": self._bucket_params[b],
+                "pieces": [[slot, p_off, n] for slot, _, p_off, n in self._pieces[b]],
             }
             for b, flat in enumerate(self._buckets)
         ]
@@ -227,15 +165,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
             "rank": self._rank,
             "optimizer_class": self._optimizer_class.__name__,
             "layout": self._layout_dict(),
-            "param_shapes": [list(p.shape) for p in self._slot_params],
+            "param_shapes": self._shapes,
             "shards": [opt.state_dict() for opt in self._inner],
         }
 
     def load_state_dict(self, state_dict) -> None:
         """This rank's own state_dict (same world size), or the list of every rank's state dicts
-        from a run on any world size: the elementwise state is cut for this rank here."""
+        from a run on any world size: each param's state is cut for this rank's pieces here."""
         dicts = state_dict if isinstance(state_dict, (list, tuple)) else [state_dict]
-        _check_dicts(dicts, self._layout_dict(), [list(p.shape) for p in self._slot_params])
+        layout = self._layout_dict()
+        _check_dicts(dicts, layout, self._shapes)
         own = len(dicts) == 1 and dicts[0]["world_size"] == self._world
         if not own and len(dicts) != dicts[0]["world_size"]:
             raise ValueError(
@@ -251,18 +190,36 @@ class ZeroOptimizer(torch.optim.Optimizer):
             # A copy: the optimizers update their state in place, the caller's dict stays as is.
             new = copy.deepcopy(dicts[0]["shards"])
         else:
-            new = [
-                _reshard_bucket(
-                    [d["shards"][b] for d in dicts], _unpadded(layout), self._world, self._rank
-                )
-                for b, layout in enumerate(self._layout_dict())
-            ]
+            full = _param_states(dicts)
+            new = []
+            for b, entry in enumerate(layout):
+                state = {}
+                for k, (slot, p_off, n) in enumerate(entry["pieces"]):
+                    if slot in full:
+                        state[k] = {
+                            key: v[p_off : p_off + n].clone() if _elementwise(v) else _copy(v)
+                            for key, v in full[slot].items()
+                        }
+                group = _group_of(dicts, b)
+                group["params"] = list(range(max(1, len(entry["pieces"]))))
+                new.append({"state": state, "param_groups": [group]})
         for opt, sd in zip(self._inner, new):  # validated above: each load is a plain one
             opt.load_state_dict(sd)
 
 
-def _unpadded(layout_entry) -> int:
-    return max((offset + numel for _, offset, numel in layout_entry["params"]), default=0)
+def _elementwise(v) -> bool:
+    # Pieces are 1-D, so their elementwise state is too; a step count is 0-dim.
+    return isinstance(v, torch.Tensor) and v.dim() == 1
+
+
+def _copy(v):
+    return v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+
+
+def _group_of(dicts, b) -> dict:
+    """Bucket b's hyperparameters (the same on every rank), without its params."""
+    group = dicts[0]["shards"][b]["param_groups"][0]
+    return {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
 
 
 def _check_dicts(dicts, layout, shapes) -> None:
@@ -295,41 +252,43 @@ def _check_dicts(dicts, layout, shapes) -> None:
         raise ValueError(f"{_NAME}: got {len(dicts)} state dicts for world size {world}")
 
 
-def _full_tensors(shard_dicts, unpadded):
-    """Per state key: the full (unpadded) elementwise tensor, concatenated from every rank's
-    shard on the CPU, or the scalar value (the same on every rank)."""
-    states = [sd["state"].get(0, {}) for sd in shard_dicts]
-    out = {}
-    for key, v0 in states[0].items():
-        if isinstance(v0, torch.Tensor) and v0.dim() == 1:
-            out[key] = torch.cat([st[key].cpu() for st in states])[:unpadded]
-        else:
-            out[key] = v0.clone() if isinstance(v0, torch.Tensor) else copy.deepcopy(v0)
-    return out
-
-
-def _reshard_bucket(shard_dicts, unpadded, world, rank):
-    """One bucket's inner state_dict for (world, rank), from every old rank's shard state."""
-    full = _full_tensors(shard_dicts, unpadded)
-    s = math.ceil(unpadded / world) if unpadded else 0
-    state = {}
-    for key, v in full.items():
-        if isinstance(v, torch.Tensor) and v.dim() == 1:
-            padded = torch.zeros(s * world, dtype=v.dtype)
-            padded[: v.numel()] = v
-            state[key] = padded[rank * s : (rank + 1) * s].clone()
-        else:
-            state[key] = v
-    sd = copy.deepcopy({k: v for k, v in shard_dicts[0].items() if k != "state"})
-    sd["state"] = {0: state} if state else {}
-    return sd
+def _param_states(dicts) -> dict:
+    """Per param (slot) with state: {key: its full flat elementwise tensor (the pieces of every
+    rank concatenated on the CPU), or the scalar value (a step count: the same in every piece)}.
+    A param that never had a gradient has no pieces with state, and no entry, as in torch.optim."""
+    parts: dict[int, list] = {}
+    for d in dicts:
+        for b, entry in enumerate(d["layout"]):
+            st = d["shards"][b]["state"]
+            for k, (slot, p_off, n) in enumerate(entry["pieces"]):
+                if k in st:
+                    parts.setdefault(slot, []).append((p_off, n, st[k]))
+    numel = {}
+    for entry in dicts[0]["layout"]:
+        for slot, _, n in entry["params"]:
+            numel[slot] = n
+    full = {}
+    for slot, pieces in parts.items():
+        pieces.sort(key=lambda x: x[0])
+        if sum(n for _, n, _ in pieces) != numel[slot]:
+            raise ValueError(
+                f"{_NAME}: param {slot} has optimizer state for only part of its elements "
+                "(the state dicts are not of one step)"
+            )
+        full[slot] = {
+            key: torch.cat([st[key].cpu() for _, _, st in pieces])
+            if _elementwise(v0)
+            else _copy(v0)
+            for key, v0 in pieces[0][2].items()
+        }
+    return full
 
 
 def consolidate_state_dict(state_dicts) -> dict:
     """Every rank's ZeroOptimizer state dicts (a list in rank order) as one plain
     ``optimizer_class`` state_dict for the unwrapped model's trainable params (in
     ``module.parameters()`` order): what ``torch.optim.AdamW(model.parameters(), ...)`` loads in a
-    single process. Runs on the CPU."""
+    single process (a param that never had a gradient has no state, as there). Runs on the CPU."""
     dicts = list(state_dicts)
     if not dicts:
         raise ValueError(f"{_NAME}: consolidate_state_dict needs every rank's state dict")
@@ -340,20 +299,10 @@ def consolidate_state_dict(state_dicts) -> dict:
             f"dicts, got {len(dicts)}"
         )
     shapes = dicts[0]["param_shapes"]
-    state, group = {}, None
-    for b, layout in enumerate(dicts[0]["layout"]):
-        shard_dicts = [d["shards"][b] for d in dicts]
-        full = _full_tensors(shard_dicts, _unpadded(layout))
-        if group is None:
-            group = {k: v for k, v in shard_dicts[0]["param_groups"][0].items() if k != "params"}
-        for i, offset, numel in layout["params"]:
-            if full:
-                state[i] = {
-                    k: v[offset : offset + numel].reshape(shapes[i]).clone()
-                    if isinstance(v, torch.Tensor) and v.dim() == 1
-                    else (v.clone() if isinstance(v, torch.Tensor) else v)
-                    for k, v in full.items()
-                }
-    group = dict(group or {})
+    state = {
+        slot: {k: v.reshape(shapes[slot]) if _elementwise(v) else v for k, v in st.items()}
+        for slot, st in sorted(_param_states(dicts).items())
+    }
+    group = _group_of(dicts, 0) if dicts[0]["layout"] else {}
     group["params"] = list(range(len(shapes)))
     return {"state": state, "param_groups": [group]}

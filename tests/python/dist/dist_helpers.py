@@ -194,9 +194,18 @@ ZERO_CASES = {
     # `side` is used on rank 0 only (in one micro-step): rank 1 gives it no gradient.
     "z_f64_unused_one_rank": dict(case="unused_one_rank", dtype=F64_, opt_name="sgd", k=2, steps=3),
     "z_f32_bf16": dict(case="plain", dtype=F32_, opt_name="sgd", k=2, steps=3, compression="bf16"),
+    # AdamW with find_unused_parameters: `side` gets a gradient from rank 0 only (step 0 and 2)
+    # and from no rank in step 1 (.grad None: no update, no state change, its step count stays).
+    "z_f64_unused_adamw": dict(
+        case="unused", dtype=F64_, opt_name="adamw", k=3, steps=3, find_unused=True
+    ),
+    # `side` never gets a gradient on any rank: no AdamW state at all, as in torch.optim.
+    "z_f64_never_adamw": dict(
+        case="never_side", dtype=F64_, opt_name="adamw", k=2, steps=3, find_unused=True
+    ),
 }
-ZERO4 = ("z_f64_sgd", "z_f64_adamw_clip")
-_REFERENCE_ARGS = ("clip", "scaler", "freeze_at", "inf_at")
+ZERO4 = ("z_f64_sgd", "z_f64_adamw_clip", "z_f64_unused_adamw")
+_REFERENCE_ARGS = ("clip", "scaler", "freeze_at", "inf_at")  # what changes the math
 
 
 def case_reference(name, world, cases=None, **more):
@@ -223,6 +232,8 @@ def side_used(case, step, rank, micro, k):
     'plain' always uses it."""
     if case == "unused_one_rank":
         return rank == 0 and micro == 0
+    if case == "never_side":
+        return False
     if case != "unused":
         return True  # "plain": every param gets a gradient in every micro-step
     return step != 1 and rank == 0 and micro == 0

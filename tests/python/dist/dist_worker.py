@@ -187,10 +187,14 @@ def state_dict_case():
     }
 
 
-def join_case(mode, steps=4, k=2):
+def join_case(mode, steps=4, k=2, zero=0):
     pg = dist.distributed_c10d._get_default_group()
-    model = wrapped_net(torch.float64, accumulation_steps=k)
-    opt = make_optimizer("sgd", model.parameters())
+    model = wrapped_net(torch.float64, accumulation_steps=k, zero=zero)
+    if zero:  # ZeRO-1: the sharded AdamW (state on each rank for its shard only)
+        cls, kw = optimizer_spec("adamw")
+        opt = model.zero_optimizer(cls, **kw)
+    else:
+        opt = make_optimizer("sgd", model.parameters())
     my_steps = steps if (mode == "even" or RANK == 0) else steps - 2
     done, err, sync_collectives = 0, None, []
     with warnings.catch_warnings(record=True) as caught:
@@ -219,19 +223,38 @@ def join_case(mode, steps=4, k=2):
         "warnings": [str(w.message) for w in caught],
         "sync_collectives": sync_collectives,
         "buckets": model.stats()["buckets"],
+        "params": {n: p.detach().clone() for n, p in model.module.named_parameters()},
     }
 
 
-def kill_case(steps=6, k=2):
-    model = wrapped_net(torch.float64, accumulation_steps=k)
-    opt = make_optimizer("sgd", model.parameters())
+PHASE = {"where": None}  # where the survivor of kill_case was when its error came
+
+
+def _die():
+    Path(OUT / "killed_at").write_text(str(time.time()))
+    os.kill(os.getpid(), 9)
+
+
+def kill_case(steps=6, k=2, zero=0, at="backward"):
+    """Rank 1 dies at step 2: before its synchronising backward (the others wait in the gradient
+    collectives) or, with zero=1 and at="step", right before the ZeroOptimizer step (the others
+    wait in the parameter all-gather)."""
+    model = wrapped_net(torch.float64, accumulation_steps=k, zero=zero)
+    if zero:
+        cls, kw = optimizer_spec("adamw")
+        opt = model.zero_optimizer(cls, **kw)
+    else:
+        opt = make_optimizer("sgd", model.parameters())
     for step in range(steps):
         x, y = window_data(step, WORLD, k, 4, torch.float64)
         for j in range(k):
-            if RANK == 1 and step == 2 and j == 0:
-                Path(OUT / "killed_at").write_text(str(time.time()))
-                os.kill(os.getpid(), 9)
+            if RANK == 1 and step == 2 and j == 0 and at == "backward":
+                _die()
+            PHASE["where"] = f"step {step} backward"
             nn.functional.mse_loss(model(x[RANK, j]), y[RANK, j]).backward()
+        if RANK == 1 and step == 2 and at == "step":
+            _die()
+        PHASE["where"] = f"step {step} optimizer"
         opt.step()
         opt.zero_grad()
 
@@ -311,13 +334,20 @@ def zero_train(
     scaler=False,
     inf_at=None,
     compression=None,
+    find_unused=False,
     save_at=None,
     resume=None,
 ):
     """AccumulatingDDP(zero=1) with a ZeroOptimizer over `opt_name`, the loop of train(); resume
     from {"step", "model", "optimizers": every old rank's state dict} (any world size)."""
     pg = dist.distributed_c10d._get_default_group()
-    model = wrapped_net(dtype, accumulation_steps=k, zero=1, compression=compression)
+    model = wrapped_net(
+        dtype,
+        accumulation_steps=k,
+        zero=1,
+        compression=compression,
+        find_unused_parameters=find_unused,
+    )
     cls, kw = optimizer_spec(opt_name)
     opt = model.zero_optimizer(cls, **kw)
     sc = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
@@ -358,6 +388,7 @@ def zero_train(
         "stats": model.stats(),
         "scale": float(sc.get_scale()) if sc else None,
         "saved": saved,
+        "final_state": copy.deepcopy(opt.state_dict()),  # every rank's: the test consolidates
     }
 
 
@@ -391,12 +422,20 @@ def main(scenario: str):
         facts["hardening"] = hardening_case()
     elif scenario.startswith("join_"):
         facts["join"] = join_case(scenario.split("_", 1)[1])
-    elif scenario == "kill":
+        facts["join"].pop("params")
+    elif scenario.startswith("zjoin_"):  # uneven inputs under ZeRO-1
+        facts["join"] = join_case(scenario.split("_", 1)[1], zero=1)
+        results["join_params"] = facts["join"].pop("params")
+    elif scenario == "kill" or scenario.startswith("zkill_"):
         t0 = time.time()
         try:
-            kill_case()
+            if scenario == "kill":
+                kill_case()
+            else:  # zkill_backward, zkill_step: under ZeRO-1
+                kill_case(zero=1, at=scenario.split("_", 1)[1])
         except Exception as e:  # the expected failure: write it down, then fail the process
             facts["error"] = f"{type(e).__name__}: {e}"
+            facts["phase"] = PHASE["where"]
             facts["elapsed_after_kill"] = time.time() - float((OUT / "killed_at").read_text())
             facts["elapsed"] = time.time() - t0
             (OUT / f"rank{RANK}.json").write_text(json.dumps(facts))

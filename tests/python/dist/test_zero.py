@@ -18,6 +18,7 @@ from dist_helpers import (
     assert_all_ok,
     case_reference,
     launch,
+    optimizer_spec,
     reference,
     window_data,
 )
@@ -96,10 +97,12 @@ def test_zero1_on_four_ranks(zero4, case):
 
 
 def test_zero1_collectives_per_backend(zero2, zero4):
-    for r in zero2:
-        assert r["pt"]["z_f64_sgd"]["stats"]["zero_collectives"] == "all_reduce"  # Gloo default
+    for r in zero2:  # Gloo default: reduce by all-reduce, gather by one broadcast per rank
+        assert r["pt"]["z_f64_sgd"]["stats"]["zero_collectives"] == "all_reduce"
+        assert r["pt"]["z_f64_sgd"]["stats"]["zero_gather"] == "broadcast"
     for r in zero4:
         assert r["pt"]["z_f64_sgd"]["stats"]["zero_collectives"] == "reduce_scatter"
+        assert r["pt"]["z_f64_sgd"]["stats"]["zero_gather"] == "all_gather"
 
 
 def test_zero1_bf16_compression_stays_close(zero2):
@@ -123,17 +126,112 @@ def test_zero1_communicates_only_on_the_sync_step_and_counts_its_bytes(zero2):
         assert st["zero_steps"] == 3 and st["zero_skipped_steps"] == 0
 
 
-def test_zero1_state_bytes_per_rank_are_one_world_th(zero2):
-    """AdamW state (exp_avg, exp_avg_sq and the step) on each rank: at most 1/world of the
-    unsharded state plus one padding block per bucket."""
+@pytest.mark.parametrize("case", ["z_f64_adamw_clip", "z_f32_ts_adamw"])
+def test_zero1_state_bytes_per_rank_are_one_world_th_plus_one_block(zero2, case):
+    """torch.optim.AdamW on a float64 model and torchspeed's fused AdamW (float32 state): each
+    rank's elementwise state (exp_avg, exp_avg_sq) covers at most its shard of every bucket (1/world
+    of the elements plus less than one padding block per bucket), every element lies in exactly
+    one rank's state, and the only other state is one step count per piece."""
     n = sum(p.numel() for p in Net().parameters())
+    esize = 8 if ZERO_CASES[case]["dtype"] == torch.float64 else 4
+    world = len(zero2)
+    total = 0
     for r in zero2:
-        st = r["pt"]["z_f64_adamw_clip"]["stats"]
-        full = 2 * n * 8
-        pad = st["buckets"] * 2 * 2 * 8  # < world elements of padding per bucket and state
-        steps = st["buckets"] * 8  # one float64 step counter per bucket shard
-        assert st["optimizer_state_bytes"] <= full / 2 + pad + steps, st
-        assert st["grad_shard_bytes"] * 2 == st["bucket_bytes"]
+        res = r["pt"][case]
+        st, sd = res["stats"], res["final_state"]
+        elementwise = scalar = pieces = 0
+        for bucket in sd["shards"]:
+            for piece in bucket["state"].values():
+                pieces += 1
+                for v in piece.values():
+                    if v.dim() == 1:
+                        elementwise += v.numel() * v.element_size()
+                    else:
+                        scalar += v.numel() * v.element_size()
+        assert elementwise <= 2 * esize * (n / world + st["buckets"]), (elementwise, st)
+        assert scalar <= pieces * 8 and pieces <= len(list(Net().parameters())) + st["buckets"]
+        assert st["optimizer_state_bytes"] == elementwise + scalar
+        assert st["grad_shard_bytes"] * world == st["bucket_bytes"]
+        total += elementwise
+    assert total == 2 * esize * n  # every element's state on exactly one rank
+
+
+@pytest.mark.parametrize("case", ["z_f64_unused_adamw", "z_f64_never_adamw"])
+def test_zero1_adamw_state_of_params_without_gradient_is_torchs(zero2, case):
+    """A param whose .grad is None in a step (no rank used it, find_unused_parameters) is neither
+    updated nor advanced (exp_avg, exp_avg_sq and its step count stay), and one that never had a
+    gradient has no state at all: the consolidated state equals single-process torch.optim.AdamW's
+    state, entry by entry (float64, 1e-12)."""
+    ref, _, want = case_reference(case, 2, ZERO_CASES, with_state=True)
+    _equal_on_every_rank(zero2, case, ref, F64)
+    got = consolidate_state_dict([r["pt"][case]["final_state"] for r in zero2])
+    assert sorted(got["state"]) == sorted(want["state"])
+    if case == "z_f64_never_adamw":  # side.weight and side.bias: slots 6 and 7, no state
+        assert 6 not in got["state"] and 7 not in got["state"]
+    for i, st in want["state"].items():
+        assert sorted(got["state"][i]) == sorted(st), i
+        for key, v in st.items():
+            torch.testing.assert_close(got["state"][i][key], v, **F64, msg=f"state[{i}][{key}]")
+
+
+# ---- uneven inputs, a dead rank --------------------------------------------------------------------
+
+
+def _join_reference(steps, k=2, world=2):
+    """join_case's loop in one process: AdamW, the loss of every (rank, micro-step) over the
+    world (DDP's average), `side` unused (a zero gradient without find_unused_parameters)."""
+    net = Net(torch.float64)
+    cls, kw = optimizer_spec("adamw")
+    opt = cls(net.parameters(), **kw)
+    for step in range(steps):
+        x, y = window_data(step, world, k, 4, torch.float64)
+        for r in range(world):
+            for j in range(k):
+                (nn.functional.mse_loss(net(x[r, j]), y[r, j]) / world).backward()
+        for p in net.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad()
+    return {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+@pytest.mark.parametrize("mode", ["throw", "quiet"])
+def test_zero1_uneven_inputs_stop_every_rank_at_the_same_step(tmp_path, mode):
+    """Rank 1 runs out after 2 of 4 optimizer steps inside join(): rank 0 stops before step 3
+    (RanksOutOfData naming rank 1, or a warning), and both hold the params of the 2 sharded steps
+    they took together (nothing half-stepped)."""
+    records = launch(2, f"zjoin_{mode}", tmp_path, timeout=120)
+    assert_all_ok(records)
+    r0, r1 = (r["json"]["join"] for r in records)
+    assert r0["done"] == r1["done"] == 2 and r1["error"] is None
+    if mode == "throw":
+        assert r0["error"]["ranks"] == [1] and r0["error"]["is_runtime_error"]
+        assert "rank 1 ran out of data before optimizer step 3" in r0["error"]["message"]
+    else:
+        assert r0["error"] is None
+        assert any("rank 1 ran out of data" in w for w in r0["warnings"])
+    ref = _join_reference(steps=2)
+    for r in records:
+        for n, want in ref.items():
+            torch.testing.assert_close(r["pt"]["join_params"][n], want, **F64, msg=n)
+
+
+@pytest.mark.parametrize("at", ["backward", "optimizer"])
+def test_zero1_killed_rank_ends_the_others_with_an_error_within_the_timeout(tmp_path, at):
+    """Rank 1 is killed before its synchronising backward (rank 0 waits in the gradient
+    reduce-scatter) or before the ZeroOptimizer step (rank 0 waits in the parameter all-gather):
+    rank 0 raises from that very phase within the group's timeout, never hangs."""
+    timeout = 20
+    scenario = "zkill_backward" if at == "backward" else "zkill_step"
+    records = launch(2, scenario, tmp_path, timeout=120, env={"TS_PG_TIMEOUT": str(timeout)})
+    r0, r1 = records
+    assert r1["returncode"] == -9, r1["log"][-2000:]
+    assert r0["returncode"] == 3, f"rank 0 did not fail cleanly:\n{r0['log'][-3000:]}"
+    facts = r0["json"]
+    assert facts["elapsed_after_kill"] < timeout + 5, facts
+    assert "Error" in facts["error"], facts
+    assert facts["phase"] == f"step 2 {at}", facts
 
 
 def _resume_in_one_process(single_group, ck, world, k, steps):
@@ -231,6 +329,8 @@ def test_zero_optimizer_refuses_bad_arguments(single_group):
     sd = opt.state_dict()
     with pytest.raises(ValueError, match="not a ZeroOptimizer state_dict"):
         opt.load_state_dict(torch.optim.SGD(Net().parameters(), lr=0.1).state_dict())
+    with pytest.raises(ValueError, match=r"not a ZeroOptimizer state_dict \(format .*/v2\)"):
+        opt.load_state_dict(dict(sd, format="torchspeed.dist.zero1/v1"))  # before the pieces
     with pytest.raises(TypeError, match="state_dict must be a dict or a list"):
         opt.load_state_dict("checkpoint.pt")
     half = dict(sd, world_size=2)  # one of two ranks' shards
@@ -278,3 +378,30 @@ def test_lr_schedulers_drive_the_shard_optimizers(single_group):
     opt.step()
     sched.step()
     assert [inner.param_groups[0]["lr"] for inner in opt._inner] == [0.05] * len(opt._inner)
+
+
+def test_zero1_step_reads_params_written_between_steps(single_group):
+    """The step skips re-reading a param nothing wrote since its last gather (its version counter
+    is unchanged), and re-reads one written in between (an in-place edit, a loaded checkpoint):
+    the next step starts from the written value, as a plain optimizer would."""
+    net, ref = Net(torch.float64), Net(torch.float64)
+    model = AccumulatingDDP(net, zero=1, process_group=single_group)
+    opt = model.zero_optimizer(torch.optim.SGD, lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(3):
+        if step == 1:  # written between steps, in both runs
+            with torch.no_grad():
+                net.l1.weight.mul_(0.5)
+                ref.l1.weight.mul_(0.5)
+        if step == 2:
+            net.load_state_dict({n: t * 1.25 for n, t in ref.state_dict().items()})
+            ref.load_state_dict({n: t * 1.25 for n, t in ref.state_dict().items()})
+        x, y = window_data(step, 1, 1, 4, torch.float64)
+        nn.functional.mse_loss(model(x[0, 0], use_side=True), y[0, 0]).backward()
+        nn.functional.mse_loss(ref(x[0, 0], use_side=True), y[0, 0]).backward()
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    for (n, p), q in zip(net.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), **F64, msg=n)
