@@ -81,78 +81,96 @@ void adam_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s)
   });
 }
 
-/// Adam with low-bit moments (h.state_format kBFloat16 or kInt8; amsgrad is refused by the op):
-/// the same math as adam_range on fp32 values dequantized from the stored moments; the param
-/// update uses the new fp32 moments, which are then rounded back (bf16: stochastically; int8: a
-/// new absmax per block, then the codes). One pass over the block's param and grad; the block's
-/// new moments wait in a stack buffer until its absmax is known.
+/// One Adam element step on fp32 moments m, v dequantized from low-bit storage (amsgrad is
+/// refused by the op): the same math as adam_range, except that the bias correction of the
+/// denominator is a multiplication by its inverse. Updates m and v, writes the param, and returns
+/// sqrt(v), which the int8 quantizer reuses.
+template <class U, typename P, typename G>
+inline U adam_lowbit_update(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
+                            float inv_bias_correction2_sqrt, int64_t i, U& m, U& v) {
+  U g = load_grad<U, G>(c, h, s, i);
+  U p = load_param<U, P>(c, i);
+  if (h.weight_decay != 0.f) {
+    if (h.decoupled_weight_decay) {
+      p = p * U(s.param_decay);
+    } else {
+      g = fma(p, U(h.weight_decay), g);
+    }
+  }
+  m = fma(U(h.one_minus_beta1), g - m, m);
+  v = fma(U(h.one_minus_beta2) * g, g, v * U(h.beta2_f));
+  const U root = sqrt(v);
+  const U denom = fma(root, U(inv_bias_correction2_sqrt), U(h.eps));
+  p = p + U(-s.step_size) * m / denom;
+  store_param<U, P>(c, h, i, p);
+  return root;
+}
+
+/// Adam with bf16 moments: load, update, store rounded stochastically (one hash per element).
 template <class V, typename P, typename G>
-void adam_lowbit_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
-  const bool int8 = h.state_format == StateFormat::kInt8;
-  const int64_t block = int8 ? h.state_block : kMaxStateBlock;
+void adam_bf16_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  const float inv_bc2 = 1.f / s.bias_correction2_sqrt;
+  const uint32_t salt = sr_range_salt(c.sr_salt, c.sr_index);
+  const auto first = static_cast<uint32_t>(c.sr_index);
+  bf16* const m_ptr = static_cast<bf16*>(c.exp_avg_lp);
+  bf16* const v_ptr = static_cast<bf16*>(c.exp_avg_sq_lp);
+  for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
+    using U = decltype(tag);
+    using I = typename U::I32;
+    U m = U::load(m_ptr + i);
+    U v = U::load(v_ptr + i);
+    adam_lowbit_update<U, P, G>(c, h, s, inv_bc2, i, m, v);
+    const I noise = sr_noise<U>(first + static_cast<uint32_t>(i), salt);
+    store_bf16_stochastic(m, srl(noise, 16), m_ptr + i);
+    store_bf16_stochastic(v, noise & I::from_u32(0xFFFFu), v_ptr + i);
+  });
+}
+
+/// Adam with int8 moments, block by block: dequantize with the old absmax, update (the param is
+/// written in this pass), keep the new m and sqrt(v) in a stack buffer (L1) while the block's new
+/// absmaxes are found, then write the codes.
+template <class V, typename P, typename G>
+void adam_int8_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  using S = typename V::Scalar;
+  const int64_t block = h.state_block;
+  const float inv_bc2 = 1.f / s.bias_correction2_sqrt;
+  int8_t* const m_codes = static_cast<int8_t*>(c.exp_avg_lp);
+  uint8_t* const v_codes = static_cast<uint8_t*>(c.exp_avg_sq_lp);
   alignas(64) float m_new[kMaxStateBlock];
-  alignas(64) float v_new[kMaxStateBlock];
+  alignas(64) float root_new[kMaxStateBlock];
   for (int64_t b0 = 0; b0 < c.numel; b0 += block) {
     const int64_t len = c.numel - b0 < block ? c.numel - b0 : block;
     const int64_t k = b0 / block;
-    const float m_absmax = int8 ? c.exp_avg_absmax[k] : 0.f;
-    const float v_absmax = int8 ? c.exp_avg_sq_absmax[k] : 0.f;
+    const float m_absmax = c.exp_avg_absmax[k];
+    const float v_absmax = c.exp_avg_sq_absmax[k];
     V m_max_v(0.f), v_max_v(0.f);
-    typename V::Scalar m_max_s(0.f), v_max_s(0.f);
+    S m_max_s(0.f), v_max_s(0.f);
     for_each_lane<V>(len, [&](auto tag, int64_t j) {
       using U = decltype(tag);
       const int64_t i = b0 + j;
-      U g = load_grad<U, G>(c, h, s, i);
-      U p = load_param<U, P>(c, i);
-      if (h.weight_decay != 0.f) {
-        if (h.decoupled_weight_decay) {
-          p = p * U(s.param_decay);
-        } else {
-          g = fma(p, U(h.weight_decay), g);
-        }
-      }
-      U m, v;
-      if (int8) {
-        m = dequant_m(U::load(static_cast<const int8_t*>(c.exp_avg_lp) + i), m_absmax);
-        v = dequant_v(load_u8_code<U>(static_cast<const uint8_t*>(c.exp_avg_sq_lp) + i), v_absmax);
+      U m = dequant_m(U::load(m_codes + i), m_absmax);
+      U v = dequant_v(U::load(v_codes + i), v_absmax);
+      const U root = adam_lowbit_update<U, P, G>(c, h, s, inv_bc2, i, m, v);
+      m.store(m_new + j);
+      root.store(root_new + j);
+      if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
+        m_max_v = max(abs(m), m_max_v);
+        v_max_v = max(v, v_max_v);
       } else {
-        m = U::load(static_cast<const bf16*>(c.exp_avg_lp) + i);
-        v = U::load(static_cast<const bf16*>(c.exp_avg_sq_lp) + i);
+        m_max_s = max(abs(m), m_max_s);
+        v_max_s = max(v, v_max_s);
       }
-      m = fma(U(h.one_minus_beta1), g - m, m);
-      v = v * U(h.beta2_f);
-      v = fma(U(h.one_minus_beta2) * g, g, v);
-      if (int8) {
-        m.store(m_new + j);
-        v.store(v_new + j);
-        if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
-          m_max_v = max(abs(m), m_max_v);
-          v_max_v = max(v, v_max_v);
-        } else {
-          m_max_s = max(abs(m), m_max_s);
-          v_max_s = max(v, v_max_s);
-        }
-      } else {
-        store_bf16_stochastic(m, static_cast<bf16*>(c.exp_avg_lp) + i, c.sr_index + i, c.sr_salt);
-        store_bf16_stochastic(v, static_cast<bf16*>(c.exp_avg_sq_lp) + i, c.sr_index + i,
-                              c.sr_salt ^ 0x5BD1E995u);
-      }
-      const U denom = sqrt(v) / U(s.bias_correction2_sqrt) + U(h.eps);
-      p = p + U(-s.step_size) * m / denom;
-      store_param<U, P>(c, h, i, p);
     });
-    if (!int8) continue;
     const float m_amax = std::fmax(lane_max(m_max_v), m_max_s.v);
     const float v_amax = std::fmax(lane_max(v_max_v), v_max_s.v);
     c.exp_avg_absmax[k] = m_amax;
     c.exp_avg_sq_absmax[k] = v_amax;
     const float m_inv = inverse_absmax(m_amax);
-    const float v_inv = inverse_absmax(v_amax);
+    const float root_inv = inverse_root_absmax(v_amax);
     for_each_lane<V>(len, [&](auto tag, int64_t j) {
       using U = decltype(tag);
-      const int64_t i = b0 + j;
-      quant_m(U::load(m_new + j), m_inv).store(static_cast<int8_t*>(c.exp_avg_lp) + i);
-      store_u8_code(quant_v(U::load(v_new + j), v_inv), static_cast<uint8_t*>(c.exp_avg_sq_lp) + i);
+      quant_m(U::load(m_new + j), m_inv).store(m_codes + b0 + j);
+      quant_v(U::load(root_new + j), root_inv).store(v_codes + b0 + j);
     });
   }
 }
@@ -272,7 +290,8 @@ void dispatch_storage(const OptimTensor& c, const OptimHyper& h, const StepScala
     }                                                                                              \
   };
 TORCHSPEED_OPTIM_RANGE(AdamRange, adam_range)
-TORCHSPEED_OPTIM_RANGE(AdamLowbitRange, adam_lowbit_range)
+TORCHSPEED_OPTIM_RANGE(AdamBf16Range, adam_bf16_range)
+TORCHSPEED_OPTIM_RANGE(AdamInt8Range, adam_int8_range)
 TORCHSPEED_OPTIM_RANGE(SgdRange, sgd_range)
 TORCHSPEED_OPTIM_RANGE(LionRange, lion_range)
 TORCHSPEED_OPTIM_RANGE(LambPhase1Range, lamb_phase1_range)
@@ -282,7 +301,8 @@ TORCHSPEED_OPTIM_RANGE(LambPhase2Range, lamb_phase2_range)
 // The table entries (all share OptimFn's signature; only LAMB phase 1 uses the norm outputs).
 template <class V>
 void adam_step(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, double*, double*) {
-  if (h.state_format != StateFormat::kFloat) return dispatch_storage<AdamLowbitRange, V>(c, h, s);
+  if (h.state_format == StateFormat::kBFloat16) return dispatch_storage<AdamBf16Range, V>(c, h, s);
+  if (h.state_format == StateFormat::kInt8) return dispatch_storage<AdamInt8Range, V>(c, h, s);
   dispatch_storage<AdamRange, V>(c, h, s);
 }
 template <class V>

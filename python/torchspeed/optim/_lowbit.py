@@ -115,7 +115,8 @@ def quantize_m(m: torch.Tensor, block: int):
 def quantize_v(v: torch.Tensor, block: int):
     b = _blocks(v.float(), block)
     absmax = _without_nan(b).amax(1).clamp_min(0.0)
-    q = torch.round(torch.sqrt(torch.sqrt(b * _inverse(absmax).reshape(-1, 1))) * 255.0)
+    inv_root = _inverse(torch.sqrt(absmax)).reshape(-1, 1)
+    q = torch.round(torch.sqrt(torch.sqrt(b) * inv_root) * 255.0)
     q = q.nan_to_num(0.0).clamp(0.0, 255.0)
     return q.reshape(-1)[: v.numel()].to(torch.uint8), absmax
 
