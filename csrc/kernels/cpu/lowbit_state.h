@@ -2,18 +2,19 @@
 // the int8 block code maps, their dequantize / quantize, and bf16 stochastic rounding.
 //
 // int8: a moment tensor is cut into blocks of `block` elements (a power of two; the last block of
-// a tensor may be shorter), each with one float32 absmax. The maps are non-linear, so that small
-// values keep precision next to a large one in the same block, and closed-form both ways (two
-// square roots at most, no table search), so quantizing costs a few vector instructions per
-// element and stays under the memory time of the step:
-//   first moment (signed, int8 c in [-127, 127]):  m = sign(c) * (|c| / 127)^2 * absmax
-//   second moment (unsigned, uint8 c in [0, 255]):  v = (c / 255)^4 * absmax
-// Quantizing rounds to the nearest code in the root domain, ties to even: c = round(127 *
-// sqrt(|m| * (1 / absmax))) and c = round(255 * sqrt(sqrt(v) * (1 / sqrt(absmax)))), where sqrt(v)
-// is the square root the step computes for its denominator. The smallest non-zero values a block keeps
-// are 6.2e-5 (m) and 2.3e-10 (v) of its absmax. Every operation is IEEE-rounded (no contraction):
-// codes are bit-identical on every ISA and equal to a float32 emulation in torch
-// (tests/python/optim/test_lowbit.py).
+// a tensor may be shorter), each with one float32 absmax. Each code is an 8-bit float relative to
+// its block's absmax (dynamic exponent, as the 8-bit optimizers' maps), so that small values keep
+// their relative precision next to a large one in the same block:
+//   first moment (signed, int8 c in [-127, 127]):  m = sign(c) * E4M3(|c|) * absmax,
+//     |m| / absmax in {0} U [2^-16 * 1.25, 1], 3 mantissa bits (relative step <= 1/8);
+//   second moment (unsigned, uint8 c in [0, 255]): v = E5M3(c) * absmax,
+//     v / absmax in {0} U [2^-32 * 1.25, 1], 3 mantissa bits.
+// Encoding and decoding are a few integer lane operations on the float32 bits (no square root, no
+// division, no table), so they stay far under the memory time of the step. Quantizing rounds
+// |m| / absmax (as |m| * (1 / absmax)) to the nearest code of its binade, ties to even; values
+// below the smallest code round to it or to 0. The absmax element itself is exact (code 127 / 255
+// is 1.0). Everything is integer or IEEE-rounded float arithmetic (no contraction): codes are
+// bit-identical on every ISA.
 //
 // bf16: moments are bfloat16; the update runs in fp32 and the new moment is written with
 // stochastic rounding (16 bits of a counter-based hash of the element's index, the step count and
@@ -44,46 +45,66 @@ inline float lane_max(U x) {
   return m;
 }
 
-template <class U>
-inline U dequant_m(U code, float absmax) {
-  const U t = code * U(1.f / 127.f);
-  return t * abs(t) * U(absmax);
-}
+/// The int8 maps are 8-bit floats relative to the block's absmax: a code's magnitude k (1..127
+/// for m, 1..255 for v) stands for the float32 whose bits are (k + offset) << 20, i.e. an exponent
+/// and 3 mantissa bits, and k = 127 (m) or 255 (v) is exactly 1.0; k = 0 is 0.
+constexpr uint32_t kMCodeOffset = (127u << 3) - 127u;  // m: sign + E4M3, 2^-16 .. 1
+constexpr uint32_t kVCodeOffset = (127u << 3) - 255u;  // v: unsigned E5M3, 2^-32 .. 1
 
+/// The value in [0, 1] of code magnitudes k (int32 lanes).
 template <class U>
-inline U dequant_v(U code, float absmax) {
-  const U t = code * U(1.f / 255.f);
-  const U t2 = t * t;
-  return t2 * t2 * U(absmax);
-}
-
-/// The nearest code of m for a block whose absmax has the inverse `inv` (0 for an all-zero
-/// block): the root's rounding, then m's sign bit. A NaN m gives -127 (max/min return their
-/// second operand for NaN).
-template <class U>
-inline U quant_m(U m, float inv) {
+inline U code_to_unit(typename U::I32 k, uint32_t offset) {
   using I = typename U::I32;
-  const U q = round_even(sqrt(abs(m) * U(inv)) * U(127.f));
-  const U signed_q = U::from_bits(q.to_bits() | (m.to_bits() & I::from_u32(0x80000000u)));
-  return min(max(signed_q, U(-127.f)), U(127.f));
+  return U::from_bits(andnot(cmpeq(k, I(0)), sll(k + I::from_u32(offset), 20)));
 }
 
-/// The nearest code of v from its square root r = sqrt(v) (the step computes it for the
-/// denominator anyway) and inv_root = 1 / sqrt(absmax): c = round(255 * sqrt(r * inv_root)), one
-/// square root per element instead of two. A NaN v gives 0.
+/// The code magnitude of x in [0, 1] (or NaN): x's float32 bits rounded to 3 mantissa bits
+/// (nearest, ties to even: the nearest code within x's binade), then clamped to [0, max_code]
+/// (below the smallest code: 0; NaN and anything above 1: max_code).
 template <class U>
-inline U quant_v(U r, float inv_root) {
-  const U q = round_even(sqrt(r * U(inv_root)) * U(255.f));
-  return min(max(q, U(0.f)), U(255.f));
+inline typename U::I32 unit_to_code(U x, uint32_t offset, int32_t max_code) {
+  using I = typename U::I32;
+  const I b = x.to_bits();
+  const I r = srl(b + I::from_u32(0x7FFFFu) + (srl(b, 20) & I(1)), 20);
+  return min(max(r - I::from_u32(offset), I(0)), I(max_code));
+}
+
+/// First moment from int8 codes: sign(c) * unit(|c|) * absmax.
+template <class U>
+inline U dequant_m(const int8_t* p, float absmax) {
+  using I = typename U::I32;
+  const I c = I::load_i8(p);
+  const U unit = code_to_unit<U>(abs(c), kMCodeOffset);
+  return U::from_bits(unit.to_bits() | (c & I::from_u32(0x80000000u))) * U(absmax);
+}
+
+/// Second moment from uint8 codes: unit(c) * absmax.
+template <class U>
+inline U dequant_v(const uint8_t* p, float absmax) {
+  return code_to_unit<U>(U::I32::load_u8(p), kVCodeOffset) * U(absmax);
+}
+
+/// Stores the int8 codes of m for a block whose absmax has the inverse `inv` (0 for an all-zero
+/// or non-finite block: codes 0). A NaN m gets the code +-127.
+template <class U>
+inline void quant_m(U m, float inv, int8_t* p) {
+  using I = typename U::I32;
+  const I k = unit_to_code(abs(m) * U(inv), kMCodeOffset, 127);
+  const I sign = sra(m.to_bits(), 31);  // all ones for negative m
+  ((k ^ sign) - sign).store_i8(p);
+}
+
+/// Stores the uint8 codes of v for a block whose absmax has the inverse `inv` (NaN and negative
+/// v: 0).
+template <class U>
+inline void quant_v(U v, float inv, uint8_t* p) {
+  unit_to_code(max(v * U(inv), U(0.f)), kVCodeOffset, 255).store_u8_saturate(p);
 }
 
 /// 1 / absmax, or 0 for an all-zero (or non-finite) block: its codes are then 0.
 inline float inverse_absmax(float absmax) {
   return absmax > 0.f && absmax <= 3.4028234663852886e38f ? 1.f / absmax : 0.f;
 }
-
-/// The second moment's inverse root for quant_v: 1 / sqrt(absmax), or 0 (as inverse_absmax).
-inline float inverse_root_absmax(float absmax) { return inverse_absmax(std::sqrt(absmax)); }
 
 /// The salt of a range's stochastic rounding: the step's salt and the high half of the index of
 /// the range's first element (ranges start on multiples of 2^16, so they never straddle 2^32).

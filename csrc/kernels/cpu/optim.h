@@ -83,10 +83,9 @@ void adam_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s)
 
 /// One Adam element step on fp32 moments m, v dequantized from low-bit storage (amsgrad is
 /// refused by the op): the same math as adam_range, except that the bias correction of the
-/// denominator is a multiplication by its inverse. Updates m and v, writes the param, and returns
-/// sqrt(v), which the int8 quantizer reuses.
+/// denominator is a multiplication by its inverse. Updates m and v and writes the param.
 template <class U, typename P, typename G>
-inline U adam_lowbit_update(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
+inline void adam_lowbit_update(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
                             float inv_bias_correction2_sqrt, int64_t i, U& m, U& v) {
   U g = load_grad<U, G>(c, h, s, i);
   U p = load_param<U, P>(c, i);
@@ -99,11 +98,9 @@ inline U adam_lowbit_update(const OptimTensor& c, const OptimHyper& h, const Ste
   }
   m = fma(U(h.one_minus_beta1), g - m, m);
   v = fma(U(h.one_minus_beta2) * g, g, v * U(h.beta2_f));
-  const U root = sqrt(v);
-  const U denom = fma(root, U(inv_bias_correction2_sqrt), U(h.eps));
+  const U denom = fma(sqrt(v), U(inv_bias_correction2_sqrt), U(h.eps));
   p = p + U(-s.step_size) * m / denom;
   store_param<U, P>(c, h, i, p);
-  return root;
 }
 
 /// Adam with bf16 moments: load, update, store rounded stochastically (one hash per element).
@@ -127,7 +124,7 @@ void adam_bf16_range(const OptimTensor& c, const OptimHyper& h, const StepScalar
 }
 
 /// Adam with int8 moments, block by block: dequantize with the old absmax, update (the param is
-/// written in this pass), keep the new m and sqrt(v) in a stack buffer (L1) while the block's new
+/// written in this pass), keep the new m and v in a stack buffer (L1) while the block's new
 /// absmaxes are found, then write the codes.
 template <class V, typename P, typename G>
 void adam_int8_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
@@ -137,7 +134,7 @@ void adam_int8_range(const OptimTensor& c, const OptimHyper& h, const StepScalar
   int8_t* const m_codes = static_cast<int8_t*>(c.exp_avg_lp);
   uint8_t* const v_codes = static_cast<uint8_t*>(c.exp_avg_sq_lp);
   alignas(64) float m_new[kMaxStateBlock];
-  alignas(64) float root_new[kMaxStateBlock];
+  alignas(64) float v_new[kMaxStateBlock];
   for (int64_t b0 = 0; b0 < c.numel; b0 += block) {
     const int64_t len = c.numel - b0 < block ? c.numel - b0 : block;
     const int64_t k = b0 / block;
@@ -148,11 +145,11 @@ void adam_int8_range(const OptimTensor& c, const OptimHyper& h, const StepScalar
     for_each_lane<V>(len, [&](auto tag, int64_t j) {
       using U = decltype(tag);
       const int64_t i = b0 + j;
-      U m = dequant_m(U::load(m_codes + i), m_absmax);
-      U v = dequant_v(U::load(v_codes + i), v_absmax);
-      const U root = adam_lowbit_update<U, P, G>(c, h, s, inv_bc2, i, m, v);
+      U m = dequant_m<U>(m_codes + i, m_absmax);
+      U v = dequant_v<U>(v_codes + i, v_absmax);
+      adam_lowbit_update<U, P, G>(c, h, s, inv_bc2, i, m, v);
       m.store(m_new + j);
-      root.store(root_new + j);
+      v.store(v_new + j);
       if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
         m_max_v = max(abs(m), m_max_v);
         v_max_v = max(v, v_max_v);
@@ -166,11 +163,62 @@ void adam_int8_range(const OptimTensor& c, const OptimHyper& h, const StepScalar
     c.exp_avg_absmax[k] = m_amax;
     c.exp_avg_sq_absmax[k] = v_amax;
     const float m_inv = inverse_absmax(m_amax);
-    const float root_inv = inverse_root_absmax(v_amax);
+    const float v_inv = inverse_absmax(v_amax);
     for_each_lane<V>(len, [&](auto tag, int64_t j) {
       using U = decltype(tag);
-      quant_m(U::load(m_new + j), m_inv).store(m_codes + b0 + j);
-      quant_v(U::load(root_new + j), root_inv).store(v_codes + b0 + j);
+      quant_m(U::load(m_new + j), m_inv, m_codes + b0 + j);
+      quant_v(U::load(v_new + j), v_inv, v_codes + b0 + j);
+    });
+  }
+}
+
+/// int8 state from float32 values (a load, a conversion): per block the absmax (max |x| for the
+/// signed map, max x for the unsigned one; NaN skipped), then the codes, with the step's own
+/// functions, so a loaded state is exactly what the step would have written.
+template <class V>
+void lowbit_encode(const float* x, int64_t n, int64_t block, bool is_signed, void* codes,
+                   float* absmax) {
+  using S = typename V::Scalar;
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t len = n - b0 < block ? n - b0 : block;
+    V max_v(0.f);
+    S max_s(0.f);
+    for_each_lane<V>(len, [&](auto tag, int64_t j) {
+      using U = decltype(tag);
+      const U t = is_signed ? abs(U::load(x + b0 + j)) : U::load(x + b0 + j);
+      if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
+        max_v = max(t, max_v);
+      } else {
+        max_s = max(t, max_s);
+      }
+    });
+    const float amax = std::fmax(lane_max(max_v), max_s.v);
+    absmax[b0 / block] = amax;
+    const float inv = inverse_absmax(amax);
+    for_each_lane<V>(len, [&](auto tag, int64_t j) {
+      using U = decltype(tag);
+      const U t = U::load(x + b0 + j);
+      if (is_signed) {
+        quant_m(t, inv, static_cast<int8_t*>(codes) + b0 + j);
+      } else {
+        quant_v(t, inv, static_cast<uint8_t*>(codes) + b0 + j);
+      }
+    });
+  }
+}
+
+/// float32 values from int8 state, with the step's own dequantization.
+template <class V>
+void lowbit_decode(const void* codes, bool is_signed, const float* absmax, int64_t n,
+                   int64_t block, float* out) {
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t len = n - b0 < block ? n - b0 : block;
+    const float a = absmax[b0 / block];
+    for_each_lane<V>(len, [&](auto tag, int64_t j) {
+      using U = decltype(tag);
+      const U t = is_signed ? dequant_m<U>(static_cast<const int8_t*>(codes) + b0 + j, a)
+                            : dequant_v<U>(static_cast<const uint8_t*>(codes) + b0 + j, a);
+      t.store(out + b0 + j);
     });
   }
 }

@@ -114,7 +114,7 @@ inline uint8_t from_float<uint8_t>(float f) {
 // load_u8 widens kWidth bytes; + and * wrap like int32 SIMD (callers keep sums in range); sra is
 // an arithmetic right shift; store_u8_saturate clamps each lane to [0, 255] and narrows.
 // Bit work (hashes, float bit patterns): mullo multiplies modulo 2^32, srl/sll shift logically,
-// ^ & | andnot act on bits, cmpeq/cmpgt give all-ones lanes where true (signed compare), select
+// ^ & | andnot act on bits, abs/min/max are signed, cmpeq/cmpgt give all-ones lanes where true (signed compare), select
 // picks by such a mask, ramp(x) holds x, x + 1, ... (lane order), store_u16 narrows each lane's low
 // 16 bits.
 
@@ -125,8 +125,15 @@ struct ScalarVecI32 {
   ScalarVecI32() = default;
   explicit ScalarVecI32(int32_t x) : v(x) {}
   static ScalarVecI32 load_u8(const uint8_t* p) { return ScalarVecI32(p[0]); }
-  friend ScalarVecI32 operator+(ScalarVecI32 a, ScalarVecI32 b) { return ScalarVecI32(a.v + b.v); }
-  friend ScalarVecI32 operator*(ScalarVecI32 a, ScalarVecI32 b) { return ScalarVecI32(a.v * b.v); }
+  friend ScalarVecI32 operator+(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.u() + b.u()); }
+  friend ScalarVecI32 operator-(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.u() - b.u()); }
+  friend ScalarVecI32 operator*(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.u() * b.u()); }
+  static ScalarVecI32 load_i8(const int8_t* p) { return ScalarVecI32(p[0]); }
+  friend ScalarVecI32 abs(ScalarVecI32 a) { return a.v < 0 ? from_u32(0u - a.u()) : a; }
+  friend ScalarVecI32 min(ScalarVecI32 a, ScalarVecI32 b) { return a.v < b.v ? a : b; }
+  friend ScalarVecI32 max(ScalarVecI32 a, ScalarVecI32 b) { return a.v > b.v ? a : b; }
+  /// Lanes already in [-128, 127], narrowed to int8.
+  void store_i8(int8_t* p) const { p[0] = static_cast<int8_t>(v); }
   friend ScalarVecI32 sra(ScalarVecI32 a, int bits) { return ScalarVecI32(a.v >> bits); }
   void store_u8_saturate(uint8_t* p) const {
     p[0] = static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
@@ -165,6 +172,24 @@ struct VecAvx2I32 {
   }
   friend VecAvx2I32 operator*(VecAvx2I32 a, VecAvx2I32 b) {
     return VecAvx2I32(_mm256_mullo_epi32(a.v, b.v));
+  }
+  friend VecAvx2I32 operator-(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_sub_epi32(a.v, b.v));
+  }
+  static VecAvx2I32 load_i8(const int8_t* p) {
+    return VecAvx2I32(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  friend VecAvx2I32 abs(VecAvx2I32 a) { return VecAvx2I32(_mm256_abs_epi32(a.v)); }
+  friend VecAvx2I32 min(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_min_epi32(a.v, b.v));
+  }
+  friend VecAvx2I32 max(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_max_epi32(a.v, b.v));
+  }
+  /// Lanes already in [-128, 127], narrowed to int8.
+  void store_i8(int8_t* p) const {
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(w, w));
   }
   friend VecAvx2I32 sra(VecAvx2I32 a, int bits) {
     return VecAvx2I32(_mm256_sra_epi32(a.v, _mm_cvtsi32_si128(bits)));
@@ -231,6 +256,23 @@ struct VecAvx512I32 {
   }
   friend VecAvx512I32 operator*(VecAvx512I32 a, VecAvx512I32 b) {
     return VecAvx512I32(_mm512_mullo_epi32(a.v, b.v));
+  }
+  friend VecAvx512I32 operator-(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_sub_epi32(a.v, b.v));
+  }
+  static VecAvx512I32 load_i8(const int8_t* p) {
+    return VecAvx512I32(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  friend VecAvx512I32 abs(VecAvx512I32 a) { return VecAvx512I32(_mm512_abs_epi32(a.v)); }
+  friend VecAvx512I32 min(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_min_epi32(a.v, b.v));
+  }
+  friend VecAvx512I32 max(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_max_epi32(a.v, b.v));
+  }
+  /// Lanes already in [-128, 127], narrowed to int8.
+  void store_i8(int8_t* p) const {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(v));
   }
   friend VecAvx512I32 sra(VecAvx512I32 a, int bits) {
     return VecAvx512I32(_mm512_sra_epi32(a.v, _mm_cvtsi32_si128(bits)));
