@@ -66,9 +66,9 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
   // power of two in [8, 4096]); lowbit_decode is the inverse (the code dtype picks the map). The
   // maps are the fused step's own, element for element.
   m.def(
-      "lowbit_encode(Tensor values, bool is_signed, int state_block) -> "
+      "lowbit_encode(Tensor values, bool is_signed=True, int state_block=256) -> "
       "(Tensor codes, Tensor absmax)");
-  m.def("lowbit_decode(Tensor codes, Tensor absmax, int state_block) -> Tensor");
+  m.def("lowbit_decode(Tensor codes, Tensor absmax, int state_block=256) -> Tensor");
   // The optimizers' state options, validated once: the moment format ("fp32", "bf16" or "int8")
   // a param of `numel` elements gets (int8 only from min_lowbit_numel elements on).
   m.def(
