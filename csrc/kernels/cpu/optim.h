@@ -81,29 +81,38 @@ void adam_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s)
   });
 }
 
-/// One Adam element step on fp32 moments m, v dequantized from low-bit storage (amsgrad is
-/// refused by the op): the same math as adam_range, except that the bias correction of the
-/// denominator is a multiplication by its inverse. Updates m and v and writes the param.
+// Adam with low-bit moments (amsgrad is refused by the op): the same math as adam_range on fp32
+// moments dequantized from storage, except that the bias correction of the denominator is a
+// multiplication by its inverse. The int8 step runs each block in two short loops instead of one
+// long one: the moments first (into an L1 buffer), then the param update (square root and
+// division) and the codes; short loop bodies let the out-of-order core overlap more iterations of
+// the long sqrt/div dependency chain (1.67 -> 1.52 ns/param on one Zen 3 core).
+
+/// The new moments of element i from its fp32 moments (L2 weight decay folded into the grad).
 template <class U, typename P, typename G>
-inline void adam_lowbit_update(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
-                            float inv_bias_correction2_sqrt, int64_t i, U& m, U& v) {
+inline void adam_lowbit_moments(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
+                                int64_t i, U& m, U& v) {
   U g = load_grad<U, G>(c, h, s, i);
-  U p = load_param<U, P>(c, i);
-  if (h.weight_decay != 0.f) {
-    if (h.decoupled_weight_decay) {
-      p = p * U(s.param_decay);
-    } else {
-      g = fma(p, U(h.weight_decay), g);
-    }
+  if (h.weight_decay != 0.f && !h.decoupled_weight_decay) {
+    g = fma(load_param<U, P>(c, i), U(h.weight_decay), g);
   }
   m = fma(U(h.one_minus_beta1), g - m, m);
   v = fma(U(h.one_minus_beta2) * g, g, v * U(h.beta2_f));
+}
+
+/// The param update of element i from its new moments (decoupled weight decay first).
+template <class U, typename P>
+inline void adam_lowbit_param(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
+                              float inv_bias_correction2_sqrt, int64_t i, U m, U v) {
+  U p = load_param<U, P>(c, i);
+  if (h.weight_decay != 0.f && h.decoupled_weight_decay) p = p * U(s.param_decay);
   const U denom = fma(sqrt(v), U(inv_bias_correction2_sqrt), U(h.eps));
   p = p + U(-s.step_size) * m / denom;
   store_param<U, P>(c, h, i, p);
 }
 
-/// Adam with bf16 moments: load, update, store rounded stochastically (one hash per element).
+/// Adam with bf16 moments: load, update, store rounded stochastically (one hash per element), in
+/// one loop (measured: the two-loop form of the int8 step does not pay here).
 template <class V, typename P, typename G>
 void adam_bf16_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
   const float inv_bc2 = 1.f / s.bias_correction2_sqrt;
@@ -116,16 +125,17 @@ void adam_bf16_range(const OptimTensor& c, const OptimHyper& h, const StepScalar
     using I = typename U::I32;
     U m = U::load(m_ptr + i);
     U v = U::load(v_ptr + i);
-    adam_lowbit_update<U, P, G>(c, h, s, inv_bc2, i, m, v);
+    adam_lowbit_moments<U, P, G>(c, h, s, i, m, v);
+    adam_lowbit_param<U, P>(c, h, s, inv_bc2, i, m, v);
     const I noise = sr_noise<U>(first + static_cast<uint32_t>(i), salt);
     store_bf16_stochastic(m, srl(noise, 16), m_ptr + i);
     store_bf16_stochastic(v, noise & I::from_u32(0xFFFFu), v_ptr + i);
   });
 }
 
-/// Adam with int8 moments, block by block: dequantize with the old absmax, update (the param is
-/// written in this pass), keep the new m and v in a stack buffer (L1) while the block's new
-/// absmaxes are found, then write the codes.
+/// Adam with int8 moments, block by block: dequantize with the old absmax and update the moments
+/// (into an L1 buffer, finding the block's new absmaxes), then update the params and write the
+/// codes.
 template <class V, typename P, typename G>
 void adam_int8_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
   using S = typename V::Scalar;
@@ -147,7 +157,7 @@ void adam_int8_range(const OptimTensor& c, const OptimHyper& h, const StepScalar
       const int64_t i = b0 + j;
       U m = dequant_m<U>(m_codes + i, m_absmax);
       U v = dequant_v<U>(v_codes + i, v_absmax);
-      adam_lowbit_update<U, P, G>(c, h, s, inv_bc2, i, m, v);
+      adam_lowbit_moments<U, P, G>(c, h, s, i, m, v);
       m.store(m_new + j);
       v.store(v_new + j);
       if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
@@ -166,8 +176,12 @@ void adam_int8_range(const OptimTensor& c, const OptimHyper& h, const StepScalar
     const float v_inv = inverse_absmax(v_amax);
     for_each_lane<V>(len, [&](auto tag, int64_t j) {
       using U = decltype(tag);
-      quant_m(U::load(m_new + j), m_inv, m_codes + b0 + j);
-      quant_v(U::load(v_new + j), v_inv, v_codes + b0 + j);
+      const int64_t i = b0 + j;
+      const U m = U::load(m_new + j);
+      const U v = U::load(v_new + j);
+      adam_lowbit_param<U, P>(c, h, s, inv_bc2, i, m, v);
+      quant_m(m, m_inv, m_codes + i);
+      quant_v(v, v_inv, v_codes + i);
     });
   }
 }
