@@ -252,9 +252,9 @@ inline void check_absmax_list(const char* op, const char* name, at::TensorList l
 
 /// The int8 block size rule, one place for the step, encode/decode and the optimizers' options.
 inline void check_state_block(const char* op, int64_t state_block) {
-  TORCH_CHECK_VALUE(state_block >= 8 && state_block <= 4096 && (state_block & (state_block - 1)) == 0,
-                    "torchspeed.", op, ": state_block must be a power of two in [8, 4096], got ",
-                    state_block);
+  TORCH_CHECK_VALUE(
+      state_block >= 8 && state_block <= 4096 && (state_block & (state_block - 1)) == 0,
+      "torchspeed.", op, ": state_block must be a power of two in [8, 4096], got ", state_block);
 }
 
 /// The optimizers' state options, validated once (Python's torchspeed.optim and the C++ Options
@@ -302,10 +302,9 @@ inline void validate(const LowbitDecodeArgs& a) {
               "torchspeed.", op, ": absmax must be a contiguous float32 tensor of ceil(",
               a.codes.sym_numel(), " / ", a.state_block, ") = ", blocks, " elements on ",
               a.codes.device(), ", got ",
-              a.absmax.defined()
-                  ? c10::str(a.absmax.scalar_type(), " ", a.absmax.sym_sizes(), " on ",
-                             a.absmax.device())
-                  : std::string("None"));
+              a.absmax.defined() ? c10::str(a.absmax.scalar_type(), " ", a.absmax.sym_sizes(),
+                                            " on ", a.absmax.device())
+                                 : std::string("None"));
 }
 
 inline void validate(const AdamLowbitStepArgs& a) {

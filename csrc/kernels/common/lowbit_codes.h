@@ -43,8 +43,8 @@ TORCHSPEED_HD float lowbit_unit(uint32_t k, uint32_t offset) {
 /// The code magnitude of x in [0, 1] (or NaN): bits rounded to 3 mantissa bits, clamped.
 TORCHSPEED_HD int32_t lowbit_code(float x, uint32_t offset, int32_t max_code) {
   const uint32_t b = lowbit_bits(x);
-  const auto r = static_cast<int32_t>((b + 0x7FFFFu + ((b >> 20) & 1u)) >> 20) -
-                 static_cast<int32_t>(offset);
+  const auto r =
+      static_cast<int32_t>((b + 0x7FFFFu + ((b >> 20) & 1u)) >> 20) - static_cast<int32_t>(offset);
   return r < 0 ? 0 : (r > max_code ? max_code : r);
 }
 

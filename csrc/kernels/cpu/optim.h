@@ -223,8 +223,8 @@ void lowbit_encode(const float* x, int64_t n, int64_t block, bool is_signed, voi
 
 /// float32 values from int8 state, with the step's own dequantization.
 template <class V>
-void lowbit_decode(const void* codes, bool is_signed, const float* absmax, int64_t n,
-                   int64_t block, float* out) {
+void lowbit_decode(const void* codes, bool is_signed, const float* absmax, int64_t n, int64_t block,
+                   float* out) {
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     const int64_t len = n - b0 < block ? n - b0 : block;
     const float a = absmax[b0 / block];

@@ -110,13 +110,13 @@ inline uint8_t from_float<uint8_t>(float f) {
   return static_cast<uint8_t>(static_cast<int32_t>(f));
 }
 
-// ---- int32 lanes: exact fixed-point arithmetic and bit manipulation --------------------------------
+// ---- int32 lanes: exact fixed-point arithmetic and bit manipulation ----------------------------
 // load_u8 widens kWidth bytes; + and * wrap like int32 SIMD (callers keep sums in range); sra is
 // an arithmetic right shift; store_u8_saturate clamps each lane to [0, 255] and narrows.
 // Bit work (hashes, float bit patterns): mullo multiplies modulo 2^32, srl/sll shift logically,
-// ^ & | andnot act on bits, abs/min/max are signed, cmpeq/cmpgt give all-ones lanes where true (signed compare), select
-// picks by such a mask, ramp(x) holds x, x + 1, ... (lane order), store_u16 narrows each lane's low
-// 16 bits.
+// ^ & | andnot act on bits, abs/min/max are signed, cmpeq/cmpgt give all-ones lanes where true
+// (signed compare), select picks by such a mask, ramp(x) holds x, x + 1, ... (lane order),
+// store_u16 narrows each lane's low 16 bits.
 
 /// One int32 lane: the scalar ISA, and the tail of every integer vector loop.
 struct ScalarVecI32 {
@@ -148,8 +148,12 @@ struct ScalarVecI32 {
   friend ScalarVecI32 andnot(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(~a.u() & b.u()); }
   friend ScalarVecI32 srl(ScalarVecI32 a, int bits) { return from_u32(a.u() >> bits); }
   friend ScalarVecI32 sll(ScalarVecI32 a, int bits) { return from_u32(a.u() << bits); }
-  friend ScalarVecI32 cmpeq(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.v == b.v ? ~0u : 0u); }
-  friend ScalarVecI32 cmpgt(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.v > b.v ? ~0u : 0u); }
+  friend ScalarVecI32 cmpeq(ScalarVecI32 a, ScalarVecI32 b) {
+    return from_u32(a.v == b.v ? ~0u : 0u);
+  }
+  friend ScalarVecI32 cmpgt(ScalarVecI32 a, ScalarVecI32 b) {
+    return from_u32(a.v > b.v ? ~0u : 0u);
+  }
   friend ScalarVecI32 select(ScalarVecI32 mask, ScalarVecI32 a, ScalarVecI32 b) {
     return mask.v ? a : b;
   }
@@ -199,7 +203,8 @@ struct VecAvx2I32 {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
   }
   static VecAvx2I32 ramp(int32_t x) {
-    return VecAvx2I32(_mm256_add_epi32(_mm256_set1_epi32(x), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    return VecAvx2I32(
+        _mm256_add_epi32(_mm256_set1_epi32(x), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
   }
   static VecAvx2I32 from_u32(uint32_t x) { return VecAvx2I32(static_cast<int32_t>(x)); }
   friend VecAvx2I32 mullo(VecAvx2I32 a, VecAvx2I32 b) {
@@ -283,9 +288,9 @@ struct VecAvx512I32 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtusepi32_epi8(c));
   }
   static VecAvx512I32 ramp(int32_t x) {
-    return VecAvx512I32(_mm512_add_epi32(
-        _mm512_set1_epi32(x),
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
+    return VecAvx512I32(
+        _mm512_add_epi32(_mm512_set1_epi32(x),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
   }
   static VecAvx512I32 from_u32(uint32_t x) { return VecAvx512I32(static_cast<int32_t>(x)); }
   friend VecAvx512I32 mullo(VecAvx512I32 a, VecAvx512I32 b) {
@@ -316,8 +321,7 @@ struct VecAvx512I32 {
     return VecAvx512I32(_mm512_movm_epi32(_mm512_cmpgt_epi32_mask(a.v, b.v)));
   }
   friend VecAvx512I32 select(VecAvx512I32 mask, VecAvx512I32 a, VecAvx512I32 b) {
-    return VecAvx512I32(
-        _mm512_mask_mov_epi32(b.v, _mm512_movepi32_mask(mask.v), a.v));
+    return VecAvx512I32(_mm512_mask_mov_epi32(b.v, _mm512_movepi32_mask(mask.v), a.v));
   }
   /// Lanes' low 16 bits (each lane must hold a value in [0, 65535]).
   void store_u16(uint16_t* p) const {

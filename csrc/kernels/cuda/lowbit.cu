@@ -15,9 +15,8 @@ namespace {
 
 using namespace grid;  // NOLINT(google-build-using-namespace)
 
-__global__ void encode_kernel(const float* __restrict__ x, int64_t n, int64_t block,
-                              bool is_signed, void* __restrict__ codes,
-                              float* __restrict__ absmax) {
+__global__ void encode_kernel(const float* __restrict__ x, int64_t n, int64_t block, bool is_signed,
+                              void* __restrict__ codes, float* __restrict__ absmax) {
   __shared__ float partial[kThreads];
   const int64_t b0 = static_cast<int64_t>(blockIdx.x) * block;
   const int64_t len = n - b0 < block ? n - b0 : block;

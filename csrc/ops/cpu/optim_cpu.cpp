@@ -122,8 +122,8 @@ LowbitCodesTuple lowbit_encode_cpu(const LowbitEncodeArgs& a) {
   const auto& table = *rethrow_as_torch_error(op, [] { return &kernels::cpu::cpu_kernels(); });
   const int64_t n = a.values.numel();
   const int64_t block = a.state_block;
-  at::Tensor codes = at::empty_like(a.values, a.values.options().dtype(a.is_signed ? at::kChar
-                                                                                   : at::kByte));
+  at::Tensor codes =
+      at::empty_like(a.values, a.values.options().dtype(a.is_signed ? at::kChar : at::kByte));
   at::Tensor absmax = at::empty({(n + block - 1) / block}, a.values.options());
   const float* x = a.values.const_data_ptr<float>();
   char* c = static_cast<char*>(codes.data_ptr());

@@ -76,8 +76,8 @@ LowbitCodesTuple lowbit_encode_cuda(const LowbitEncodeArgs& a) {
   validate(a);
   const c10::cuda::CUDAGuard guard(a.values.device());
   const int64_t n = a.values.numel();
-  at::Tensor codes = at::empty_like(a.values, a.values.options().dtype(a.is_signed ? at::kChar
-                                                                                   : at::kByte));
+  at::Tensor codes =
+      at::empty_like(a.values, a.values.options().dtype(a.is_signed ? at::kChar : at::kByte));
   at::Tensor absmax = at::empty({(n + a.state_block - 1) / a.state_block}, a.values.options());
   check_launch(LowbitEncodeArgs::kName,
                kc::lowbit_encode(a.values.const_data_ptr<float>(), n, a.state_block, a.is_signed,

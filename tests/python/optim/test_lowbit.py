@@ -91,7 +91,9 @@ def _code_values(signed):
     j = k + offset, (1 + (j % 8) / 8) * 2 ** (j // 8 - 127); the top code is 1.0."""
     top = 127 if signed else 255
     j = torch.arange(top + 1, dtype=torch.float64) + (127 * 8 - top)
-    values = (1 + torch.remainder(j, 8) / 8) * torch.pow(2.0, torch.div(j, 8, rounding_mode="floor") - 127)
+    values = (1 + torch.remainder(j, 8) / 8) * torch.pow(
+        2.0, torch.div(j, 8, rounding_mode="floor") - 127
+    )
     values[0] = 0.0
     return values
 
@@ -121,7 +123,7 @@ def test_int8_maps_against_a_float64_reference(cpu_isa, signed):
     assert torch.equal(back, ref_back)
     # Encode: the nearest code of |x| / absmax (float64), but for rounding of x * (1 / absmax)
     # across a midpoint (within one code) and below the smallest code (0 or 1).
-    unit = (x.abs().double().reshape(-1) / torch.repeat_interleave(absmax.double(), BLOCK)[:n])
+    unit = x.abs().double().reshape(-1) / torch.repeat_interleave(absmax.double(), BLOCK)[:n]
     ref = _nearest_codes(unit, signed)
     above = unit >= values[1]
     assert (k - ref).abs().max() <= 1
@@ -397,18 +399,36 @@ def test_a_small_model_learns_as_well_as_with_fp32_state(state_dtype):
 @pytest.mark.parametrize(
     "call, error, message",
     [
-        (lambda op: op.lowbit_encode(torch.randn(8, 8).t(), True, 256), RuntimeError,
-         "values must be a contiguous float32 tensor"),
-        (lambda op: op.lowbit_encode(torch.randn(64).double(), True, 256), RuntimeError,
-         "values must be a contiguous float32 tensor"),
-        (lambda op: op.lowbit_encode(torch.randn(64), True, 100), ValueError,
-         "state_block must be a power of two in \\[8, 4096\\], got 100"),
-        (lambda op: op.lowbit_decode(torch.zeros(600, dtype=torch.int16), torch.zeros(3), 256),
-         RuntimeError, "codes must be a contiguous int8 .* or uint8"),
-        (lambda op: op.lowbit_decode(torch.zeros(600, dtype=torch.int8), torch.zeros(2), 256),
-         RuntimeError, r"absmax must be a contiguous float32 tensor of ceil\(600 / 256\) = 3"),
-        (lambda op: op.lowbit_state_format("int4", 10, 4096, 256), ValueError,
-         "state_dtype must be one of 'fp32', 'bf16', 'int8', got 'int4'"),
+        (
+            lambda op: op.lowbit_encode(torch.randn(8, 8).t(), True, 256),
+            RuntimeError,
+            "values must be a contiguous float32 tensor",
+        ),
+        (
+            lambda op: op.lowbit_encode(torch.randn(64).double(), True, 256),
+            RuntimeError,
+            "values must be a contiguous float32 tensor",
+        ),
+        (
+            lambda op: op.lowbit_encode(torch.randn(64), True, 100),
+            ValueError,
+            "state_block must be a power of two in \\[8, 4096\\], got 100",
+        ),
+        (
+            lambda op: op.lowbit_decode(torch.zeros(600, dtype=torch.int16), torch.zeros(3), 256),
+            RuntimeError,
+            "codes must be a contiguous int8 .* or uint8",
+        ),
+        (
+            lambda op: op.lowbit_decode(torch.zeros(600, dtype=torch.int8), torch.zeros(2), 256),
+            RuntimeError,
+            r"absmax must be a contiguous float32 tensor of ceil\(600 / 256\) = 3",
+        ),
+        (
+            lambda op: op.lowbit_state_format("int4", 10, 4096, 256),
+            ValueError,
+            "state_dtype must be one of 'fp32', 'bf16', 'int8', got 'int4'",
+        ),
     ],
 )
 def test_encode_decode_refuse_bad_input(call, error, message):
