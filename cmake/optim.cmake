@@ -32,6 +32,7 @@ set(TORCHSPEED_OPTIM_CUDA_SOURCES
   "${_ts_root}/csrc/kernels/cuda/optim.cu"
   "${_ts_root}/csrc/kernels/cuda/grad_stats.cu"
   "${_ts_root}/csrc/kernels/cuda/mask.cu"
+  "${_ts_root}/csrc/kernels/cuda/lowbit.cu"
   "${_ts_root}/csrc/ops/cuda/optim_cuda.cpp"
   "${_ts_root}/csrc/ops/cuda/grad_stats_cuda.cpp"
   "${_ts_root}/csrc/ops/cuda/mask_cuda.cpp"

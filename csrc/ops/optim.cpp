@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "ops/checks.h"
+#include "ops/optim_checks.h"
 
 TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
   // Global L2 norm (and optionally per-tensor norms) and a found-non-finite flag over a list of
@@ -59,6 +60,25 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
       "bool maximize, bool decoupled_weight_decay, Tensor? lr_tensor=None, "
       "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None, "
       "float ema_decay=0.0) -> ()");
+  // int8 optimizer state (state_dtype "int8"): lowbit_encode turns float32 values (contiguous,
+  // any shape) into codes of the same shape (int8, the first moment's map, when is_signed; uint8,
+  // the second moment's, otherwise) and one float32 absmax per block of state_block elements (a
+  // power of two in [8, 4096]); lowbit_decode is the inverse (the code dtype picks the map). The
+  // maps are the fused step's own, element for element.
+  m.def(
+      "lowbit_encode(Tensor values, bool is_signed=True, int state_block=256) -> "
+      "(Tensor codes, Tensor absmax)");
+  m.def("lowbit_decode(Tensor codes, Tensor absmax, int state_block=256) -> Tensor");
+  // The optimizers' state options, validated once: the moment format ("fp32", "bf16" or "int8")
+  // a param of `numel` elements gets (int8 only from min_lowbit_numel elements on).
+  m.def(
+      "lowbit_state_format(str state_dtype, int numel, int min_lowbit_numel, int state_block) "
+      "-> str",
+      [](c10::string_view state_dtype, int64_t numel, int64_t min_lowbit_numel,
+         int64_t state_block) {
+        return torchspeed::lowbit_state_format(std::string(state_dtype), numel, min_lowbit_numel,
+                                               state_block);
+      });
   // SGD with momentum/dampening/nesterov. first_step: the momentum buffers are (re)initialised
   // from the gradient, as torch.optim does when a param has no buffer yet.
   m.def(
@@ -118,6 +138,13 @@ GradStats grad_stats_unscale_(at::TensorList tensors, const at::Tensor& inv_scal
 
 void adam_step_(const AdamStepArgs& args) { op_args::call(args); }
 void adam_lowbit_step_(const AdamLowbitStepArgs& args) { op_args::call(args); }
+LowbitCodesTuple lowbit_encode(const LowbitEncodeArgs& args) { return op_args::call(args); }
+at::Tensor lowbit_decode(const LowbitDecodeArgs& args) { return op_args::call(args); }
+std::string lowbit_state_format(const std::string& state_dtype, int64_t numel,
+                                int64_t min_lowbit_numel, int64_t state_block) {
+  return ops::lowbit_state_format("lowbit_state_format", state_dtype, numel, min_lowbit_numel,
+                                  state_block);
+}
 void sgd_step_(const SgdStepArgs& args) { op_args::call(args); }
 void lion_step_(const LionStepArgs& args) { op_args::call(args); }
 void lamb_step_(const LambStepArgs& args) { op_args::call(args); }

@@ -250,6 +250,63 @@ inline void check_absmax_list(const char* op, const char* name, at::TensorList l
   }
 }
 
+/// The int8 block size rule, one place for the step, encode/decode and the optimizers' options.
+inline void check_state_block(const char* op, int64_t state_block) {
+  TORCH_CHECK_VALUE(
+      state_block >= 8 && state_block <= 4096 && (state_block & (state_block - 1)) == 0,
+      "torchspeed.", op, ": state_block must be a power of two in [8, 4096], got ", state_block);
+}
+
+/// The optimizers' state options, validated once (Python's torchspeed.optim and the C++ Options
+/// both call this): the moment format a param of `numel` elements gets.
+inline std::string lowbit_state_format(const char* op, const std::string& state_dtype,
+                                       int64_t numel, int64_t min_lowbit_numel,
+                                       int64_t state_block) {
+  TORCH_CHECK_VALUE(state_dtype == "fp32" || state_dtype == "bf16" || state_dtype == "int8",
+                    "torchspeed.", op, ": state_dtype must be one of 'fp32', 'bf16', 'int8', got '",
+                    state_dtype, "'");
+  TORCH_CHECK_VALUE(min_lowbit_numel >= 0, "torchspeed.", op,
+                    ": min_lowbit_numel must be an int >= 0, got ", min_lowbit_numel);
+  check_state_block(op, state_block);
+  if (state_dtype == "int8" && numel < min_lowbit_numel) return "fp32";
+  return state_dtype;
+}
+
+inline void validate(const LowbitEncodeArgs& a) {
+  const char* op = LowbitEncodeArgs::kName;
+  TORCH_CHECK(a.values.defined() && a.values.layout() == at::kStrided &&
+                  a.values.scalar_type() == at::kFloat && a.values.is_contiguous(),
+              "torchspeed.", op, ": values must be a contiguous float32 tensor, got ",
+              a.values.defined() ? c10::str(a.values.scalar_type(), " ", a.values.layout(),
+                                            " strides ", a.values.sym_strides())
+                                 : std::string("None"));
+  check_state_block(op, a.state_block);
+}
+
+inline void validate(const LowbitDecodeArgs& a) {
+  const char* op = LowbitDecodeArgs::kName;
+  TORCH_CHECK(a.codes.defined() && a.codes.layout() == at::kStrided &&
+                  (a.codes.scalar_type() == at::kChar || a.codes.scalar_type() == at::kByte) &&
+                  a.codes.is_contiguous(),
+              "torchspeed.", op,
+              ": codes must be a contiguous int8 (first moment) or uint8 (second moment) tensor, "
+              "got ",
+              a.codes.defined() ? c10::str(a.codes.scalar_type(), " ", a.codes.layout(),
+                                           " strides ", a.codes.sym_strides())
+                                : std::string("None"));
+  check_state_block(op, a.state_block);
+  const c10::SymInt blocks = (a.codes.sym_numel() + a.state_block - 1) / a.state_block;
+  TORCH_CHECK(a.absmax.defined() && a.absmax.layout() == at::kStrided &&
+                  a.absmax.scalar_type() == at::kFloat && a.absmax.is_contiguous() &&
+                  a.absmax.sym_numel() == blocks && a.absmax.device() == a.codes.device(),
+              "torchspeed.", op, ": absmax must be a contiguous float32 tensor of ceil(",
+              a.codes.sym_numel(), " / ", a.state_block, ") = ", blocks, " elements on ",
+              a.codes.device(), ", got ",
+              a.absmax.defined() ? c10::str(a.absmax.scalar_type(), " ", a.absmax.sym_sizes(),
+                                            " on ", a.absmax.device())
+                                 : std::string("None"));
+}
+
 inline void validate(const AdamLowbitStepArgs& a) {
   const char* op = AdamLowbitStepArgs::kName;
   const at::Device device = check_optim_args(
@@ -265,10 +322,7 @@ inline void validate(const AdamLowbitStepArgs& a) {
   check_lowbit_list(op, "exp_avg_sqs", a.exp_avg_sqs, a.params, int8 ? at::kByte : at::kBFloat16,
                     device);
   if (int8) {
-    TORCH_CHECK(
-        a.state_block >= 8 && a.state_block <= 4096 && (a.state_block & (a.state_block - 1)) == 0,
-        "torchspeed.", op, ": state_block must be a power of two in [8, 4096], got ",
-        a.state_block);
+    check_state_block(op, a.state_block);
     check_absmax_list(op, "exp_avg_absmaxes", a.exp_avg_absmaxes, a.params, a.state_block, device);
     check_absmax_list(op, "exp_avg_sq_absmaxes", a.exp_avg_sq_absmaxes, a.params, a.state_block,
                       device);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "catch_shim.h"
+#include "kernels/common/lowbit_codes.h"
 #include "kernels/common/step_scalars.h"
 #include "kernels/cpu/optim.h"
 #include "kernels/cpu/prune.h"
@@ -298,5 +299,66 @@ TEST_CASE("the prune CUDA kernels' per-byte math equals the CPU prune kernels") 
       cu::prune_apply_byte(c.data(), packed.data(), numel, b);
     }
     REQUIRE(a == c);
+  }
+}
+
+TEST_CASE("CUDA int8 optimizer-state codes equal the CPU kernels bit for bit, both ways") {
+  namespace isa = cpu::TORCHSPEED_CPU_ISA_NAMESPACE;
+  constexpr int64_t kBlock = 64;
+  // Decode: every code of both maps, two absmax values (one with a mantissa to round).
+  for (const float absmax : {1.f, 0.0137f}) {
+    std::vector<int8_t> m_codes(256);
+    std::vector<uint8_t> v_codes(256);
+    for (int c = 0; c < 256; ++c) {
+      m_codes[c] = static_cast<int8_t>(c == 0 ? 0 : c - 128);  // -127 .. 127, and 0 twice
+      v_codes[c] = static_cast<uint8_t>(c);
+    }
+    std::vector<float> absmaxes(256 / kBlock, absmax), m_out(256), v_out(256);
+    isa::lowbit_decode<V>(m_codes.data(), true, absmaxes.data(), 256, kBlock, m_out.data());
+    isa::lowbit_decode<V>(v_codes.data(), false, absmaxes.data(), 256, kBlock, v_out.data());
+    for (int c = 0; c < 256; ++c) {
+      CHECK(same(m_out[c], k::lowbit_decode_m(m_codes[c], absmax)));
+      CHECK(same(v_out[c], k::lowbit_decode_v(v_codes[c], absmax)));
+    }
+    // The top codes are exactly the absmax.
+    CHECK(k::lowbit_decode_m(127, absmax) == absmax);
+    CHECK(k::lowbit_decode_v(255, absmax) == absmax);
+  }
+  // Encode: values spread over 40 binades, some NaN / inf / negative / zero, blocks with a short
+  // last one; the CPU kernel's absmax and codes against the element functions.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> exponent(-40.f, 0.f);
+  const int64_t n = 5 * kBlock + 9;
+  std::vector<float> x(n);
+  for (auto& e : x) e = normal(rng) * std::exp2(exponent(rng));
+  x[3] = 0.f;
+  x[70] = std::nanf("");
+  x[140] = -0.f;
+  for (const bool is_signed : {true, false}) {
+    std::vector<float> values = x;
+    if (!is_signed) {
+      for (auto& e : values) e = e * e;
+      values[200] = -1.f;  // negative second moment: code 0
+    }
+    std::vector<int8_t> codes(n);
+    std::vector<float> absmax((n + kBlock - 1) / kBlock);
+    isa::lowbit_encode<V>(values.data(), n, kBlock, is_signed, codes.data(), absmax.data());
+    for (int64_t b = 0; b * kBlock < n; ++b) {
+      float amax = 0.f;
+      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
+        const float t = is_signed ? std::fabs(values[i]) : values[i];
+        amax = t > amax ? t : amax;
+      }
+      CHECK(same(absmax[b], amax));
+      const float inv = k::lowbit_inverse(amax);
+      for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
+        if (is_signed) {
+          CHECK(codes[i] == k::lowbit_encode_m(values[i], inv));
+        } else {
+          CHECK(static_cast<uint8_t>(codes[i]) == k::lowbit_encode_v(values[i], inv));
+        }
+      }
+    }
   }
 }

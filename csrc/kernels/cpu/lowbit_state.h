@@ -2,23 +2,26 @@
 // the int8 block code maps, their dequantize / quantize, and bf16 stochastic rounding.
 //
 // int8: a moment tensor is cut into blocks of `block` elements (a power of two; the last block of
-// a tensor may be shorter), each with one float32 absmax. The maps are non-linear, so that small
-// values keep precision next to a large one in the same block, and closed-form both ways (two
-// square roots at most, no table search), so quantizing costs a few vector instructions per
-// element and stays under the memory time of the step:
-//   first moment (signed, int8 c in [-127, 127]):  m = sign(c) * (|c| / 127)^2 * absmax
-//   second moment (unsigned, uint8 c in [0, 255]):  v = (c / 255)^4 * absmax
-// Quantizing rounds to the nearest code in the root domain (c = round(127 * sqrt(|m| / absmax)),
-// c = round(255 * (v / absmax)^(1/4))), ties to even. The smallest non-zero values a block keeps
-// are 6.2e-5 (m) and 2.3e-10 (v) of its absmax. Every operation is IEEE-rounded (no contraction):
-// codes are bit-identical on every ISA and equal to a float32 emulation in torch
-// (tests/python/optim/test_lowbit.py).
+// a tensor may be shorter), each with one float32 absmax. Each code is an 8-bit float relative to
+// its block's absmax (dynamic exponent, as the 8-bit optimizers' maps), so that small values keep
+// their relative precision next to a large one in the same block:
+//   first moment (signed, int8 c in [-127, 127]):  m = sign(c) * E4M3(|c|) * absmax,
+//     |m| / absmax in {0} U [2^-16 * 1.25, 1], 3 mantissa bits (relative step <= 1/8);
+//   second moment (unsigned, uint8 c in [0, 255]): v = E5M3(c) * absmax,
+//     v / absmax in {0} U [2^-32 * 1.25, 1], 3 mantissa bits.
+// Encoding and decoding are a few integer lane operations on the float32 bits (no square root, no
+// division, no table), so they stay far under the memory time of the step. Quantizing rounds
+// |m| / absmax (as |m| * (1 / absmax)) to the nearest code of its binade, ties to even; values
+// below the smallest code round to it or to 0. The absmax element itself is exact (code 127 / 255
+// is 1.0). Everything is integer or IEEE-rounded float arithmetic (no contraction): codes are
+// bit-identical on every ISA.
 //
 // bf16: moments are bfloat16; the update runs in fp32 and the new moment is written with
-// stochastic rounding (the 16 dropped bits compared with 16 bits of a counter-based hash of the
-// element's index, the step count and the param's position), so updates smaller than half a bf16
-// ulp survive on average instead of being rounded away. Deterministic: the same step on the same
-// state gives the same bits on every ISA and thread count.
+// stochastic rounding (16 bits of a counter-based hash of the element's index, the step count and
+// the param's position added to the 16 dropped bits), so updates smaller than half a bf16 ulp
+// survive on average instead of being rounded away. The hash runs in int32 vector lanes, one per
+// element for both moments. Deterministic: the same step on the same state gives the same bits on
+// every ISA and thread count.
 #pragma once
 
 #include <cstdint>
@@ -42,45 +45,60 @@ inline float lane_max(U x) {
   return m;
 }
 
-/// uint8 codes through the int8 vector load: c = s + 256 * (s < 0).
+/// The int8 maps are 8-bit floats relative to the block's absmax: a code's magnitude k (1..127
+/// for m, 1..255 for v) stands for the float32 whose bits are (k + offset) << 20, i.e. an exponent
+/// and 3 mantissa bits, and k = 127 (m) or 255 (v) is exactly 1.0; k = 0 is 0.
+constexpr uint32_t kMCodeOffset = (127u << 3) - 127u;  // m: sign + E4M3, 2^-16 .. 1
+constexpr uint32_t kVCodeOffset = (127u << 3) - 255u;  // v: unsigned E5M3, 2^-32 .. 1
+
+/// The value in [0, 1] of code magnitudes k (int32 lanes).
 template <class U>
-inline U load_u8_code(const uint8_t* p) {
-  const U s = U::load(reinterpret_cast<const int8_t*>(p));
-  return fma(min(sign(s), U(0.f)), U(-256.f), s);
+inline U code_to_unit(typename U::I32 k, uint32_t offset) {
+  using I = typename U::I32;
+  return U::from_bits(andnot(cmpeq(k, I(0)), sll(k + I::from_u32(offset), 20)));
 }
 
-/// Integral codes in [0, 255] through the int8 vector store: s = c - 256 * (c > 127).
+/// The code magnitude of x in [0, 1] (or NaN): x's float32 bits rounded to 3 mantissa bits
+/// (nearest, ties to even: the nearest code within x's binade), then clamped to [0, max_code]
+/// (below the smallest code: 0; NaN and anything above 1: max_code).
 template <class U>
-inline void store_u8_code(U c, uint8_t* p) {
-  const U high = max(sign(c - U(127.5f)), U(0.f));
-  fma(high, U(-256.f), c).store(reinterpret_cast<int8_t*>(p));
+inline typename U::I32 unit_to_code(U x, uint32_t offset, int32_t max_code) {
+  using I = typename U::I32;
+  const I b = x.to_bits();
+  const I r = srl(b + I::from_u32(0x7FFFFu) + (srl(b, 20) & I(1)), 20);
+  return min(max(r - I::from_u32(offset), I(0)), I(max_code));
 }
 
+/// First moment from int8 codes: sign(c) * unit(|c|) * absmax.
 template <class U>
-inline U dequant_m(U code, float absmax) {
-  const U t = code * U(1.f / 127.f);
-  return t * abs(t) * U(absmax);
+inline U dequant_m(const int8_t* p, float absmax) {
+  using I = typename U::I32;
+  const I c = I::load_i8(p);
+  const U unit = code_to_unit<U>(abs(c), kMCodeOffset);
+  return U::from_bits(unit.to_bits() | (c & I::from_u32(0x80000000u))) * U(absmax);
 }
 
+/// Second moment from uint8 codes: unit(c) * absmax.
 template <class U>
-inline U dequant_v(U code, float absmax) {
-  const U t = code * U(1.f / 255.f);
-  const U t2 = t * t;
-  return t2 * t2 * U(absmax);
+inline U dequant_v(const uint8_t* p, float absmax) {
+  return code_to_unit<U>(U::I32::load_u8(p), kVCodeOffset) * U(absmax);
 }
 
-/// The nearest code of m for a block whose absmax has the inverse `inv` (0 for an all-zero
-/// block). A NaN m gives -127 (max/min return their second operand for NaN).
+/// Stores the int8 codes of m for a block whose absmax has the inverse `inv` (0 for an all-zero
+/// or non-finite block: codes 0). A NaN m gets the code +-127.
 template <class U>
-inline U quant_m(U m, float inv) {
-  const U q = round_even(sqrt(abs(m) * U(inv)) * U(127.f)) * sign(m);
-  return min(max(q, U(-127.f)), U(127.f));
+inline void quant_m(U m, float inv, int8_t* p) {
+  using I = typename U::I32;
+  const I k = unit_to_code(abs(m) * U(inv), kMCodeOffset, 127);
+  const I sign = sra(m.to_bits(), 31);  // all ones for negative m
+  ((k ^ sign) - sign).store_i8(p);
 }
 
+/// Stores the uint8 codes of v for a block whose absmax has the inverse `inv` (NaN and negative
+/// v: 0).
 template <class U>
-inline U quant_v(U v, float inv) {
-  const U q = round_even(sqrt(sqrt(v * U(inv))) * U(255.f));
-  return min(max(q, U(0.f)), U(255.f));
+inline void quant_v(U v, float inv, uint8_t* p) {
+  unit_to_code(max(v * U(inv), U(0.f)), kVCodeOffset, 255).store_u8_saturate(p);
 }
 
 /// 1 / absmax, or 0 for an all-zero (or non-finite) block: its codes are then 0.
@@ -88,35 +106,37 @@ inline float inverse_absmax(float absmax) {
   return absmax > 0.f && absmax <= 3.4028234663852886e38f ? 1.f / absmax : 0.f;
 }
 
-/// The stochastic-rounding noise of element `index`: 16 bits of a murmur3-finalised hash.
-inline uint32_t sr_noise(int64_t index, uint32_t salt) {
-  uint32_t h = static_cast<uint32_t>(index) * 0x9E3779B1u ^
-               static_cast<uint32_t>(static_cast<uint64_t>(index) >> 32) * 0x85EBCA77u ^ salt;
-  h ^= h >> 16;
-  h *= 0x85EBCA6Bu;
-  h ^= h >> 13;
-  h *= 0xC2B2AE35u;
-  h ^= h >> 16;
-  return h & 0xFFFFu;
+/// The salt of a range's stochastic rounding: the step's salt and the high half of the index of
+/// the range's first element (ranges start on multiples of 2^16, so they never straddle 2^32).
+inline uint32_t sr_range_salt(uint32_t salt, int64_t first_index) {
+  return salt ^ static_cast<uint32_t>(static_cast<uint64_t>(first_index) >> 32) * 0x85EBCA77u;
 }
 
-/// x rounded to bf16 stochastically: up with probability (dropped bits) / 2^16. NaN and inf keep
-/// round-to-nearest (a NaN stays NaN).
-inline uint16_t bf16_stochastic(float x, uint32_t noise) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7F800000u) == 0x7F800000u) return to_bf16(x).bits;
-  return static_cast<uint16_t>((u + noise) >> 16);
-}
-
-/// Stores the lanes of `x` (elements first_index, first_index + 1, ...) as bf16, stochastically.
+/// 32 bits of stochastic-rounding noise per lane for elements index, index + 1, ... (the low 32
+/// bits of their indices): a multiply-xorshift hash (murmur3's finaliser) in int32 lanes, so it
+/// vectorises. The first moment takes the high 16 bits, the second the low 16.
 template <class U>
-inline void store_bf16_stochastic(U x, bf16* p, int64_t first_index, uint32_t salt) {
-  float lanes[U::kWidth];
-  x.store(lanes);
-  for (int k = 0; k < U::kWidth; ++k) {
-    p[k].bits = bf16_stochastic(lanes[k], sr_noise(first_index + k, salt));
-  }
+inline typename U::I32 sr_noise(uint32_t index, uint32_t salt) {
+  using I = typename U::I32;
+  I h = mullo(I::ramp(static_cast<int32_t>(index)), I::from_u32(0x9E3779B1u)) ^ I::from_u32(salt);
+  h = h ^ srl(h, 16);
+  h = mullo(h, I::from_u32(0x85EBCA6Bu));
+  h = h ^ srl(h, 13);
+  h = mullo(h, I::from_u32(0xC2B2AE35u));
+  return h ^ srl(h, 16);
+}
+
+/// Stores x as bf16, rounded stochastically: up with probability (dropped 16 bits) / 2^16, given
+/// 16 bits of noise per lane. inf stays inf and NaN becomes the quiet 0x7fc0, as to_bf16 does.
+template <class U>
+inline void store_bf16_stochastic(U x, typename U::I32 noise16, bf16* p) {
+  using I = typename U::I32;
+  const I u = x.to_bits();
+  const I magnitude = u & I::from_u32(0x7FFFFFFFu);
+  const I inf = I::from_u32(0x7F800000u);
+  const I rounded = srl(u + (noise16 & cmpgt(inf, magnitude)), 16);
+  select(cmpgt(magnitude, inf), I::from_u32(0x7FC0u), rounded)
+      .store_u16(reinterpret_cast<uint16_t*>(p));
 }
 
 }  // namespace TORCHSPEED_CPU_ISA_NAMESPACE

@@ -81,67 +81,93 @@ void adam_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s)
   });
 }
 
-/// Adam with low-bit moments (h.state_format kBFloat16 or kInt8; amsgrad is refused by the op):
-/// the same math as adam_range on fp32 values dequantized from the stored moments; the param
-/// update uses the new fp32 moments, which are then rounded back (bf16: stochastically; int8: a
-/// new absmax per block, then the codes). One pass over the block's param and grad; the block's
-/// new moments wait in a stack buffer until its absmax is known.
+// Adam with low-bit moments (amsgrad is refused by the op): the same math as adam_range on fp32
+// moments dequantized from storage, except that the bias correction of the denominator is a
+// multiplication by its inverse. The int8 step runs each block in two short loops instead of one
+// long one: the moments first (into an L1 buffer), then the param update (square root and
+// division) and the codes; short loop bodies let the out-of-order core overlap more iterations of
+// the long sqrt/div dependency chain (1.67 -> 1.52 ns/param on one Zen 3 core).
+
+/// The new moments of element i from its fp32 moments (L2 weight decay folded into the grad).
+template <class U, typename P, typename G>
+inline void adam_lowbit_moments(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
+                                int64_t i, U& m, U& v) {
+  U g = load_grad<U, G>(c, h, s, i);
+  if (h.weight_decay != 0.f && !h.decoupled_weight_decay) {
+    g = fma(load_param<U, P>(c, i), U(h.weight_decay), g);
+  }
+  m = fma(U(h.one_minus_beta1), g - m, m);
+  v = fma(U(h.one_minus_beta2) * g, g, v * U(h.beta2_f));
+}
+
+/// The param update of element i from its new moments (decoupled weight decay first).
+template <class U, typename P>
+inline void adam_lowbit_param(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
+                              float inv_bias_correction2_sqrt, int64_t i, U m, U v) {
+  U p = load_param<U, P>(c, i);
+  if (h.weight_decay != 0.f && h.decoupled_weight_decay) p = p * U(s.param_decay);
+  const U denom = fma(sqrt(v), U(inv_bias_correction2_sqrt), U(h.eps));
+  p = p + U(-s.step_size) * m / denom;
+  store_param<U, P>(c, h, i, p);
+}
+
+/// Adam with bf16 moments: load, update, store rounded stochastically (one hash per element), in
+/// one loop (measured: the two-loop form of the int8 step does not pay here).
 template <class V, typename P, typename G>
-void adam_lowbit_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
-  const bool int8 = h.state_format == StateFormat::kInt8;
-  const int64_t block = int8 ? h.state_block : kMaxStateBlock;
+void adam_bf16_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  const float inv_bc2 = 1.f / s.bias_correction2_sqrt;
+  const uint32_t salt = sr_range_salt(c.sr_salt, c.sr_index);
+  const auto first = static_cast<uint32_t>(c.sr_index);
+  bf16* const m_ptr = static_cast<bf16*>(c.exp_avg_lp);
+  bf16* const v_ptr = static_cast<bf16*>(c.exp_avg_sq_lp);
+  for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
+    using U = decltype(tag);
+    using I = typename U::I32;
+    U m = U::load(m_ptr + i);
+    U v = U::load(v_ptr + i);
+    adam_lowbit_moments<U, P, G>(c, h, s, i, m, v);
+    adam_lowbit_param<U, P>(c, h, s, inv_bc2, i, m, v);
+    const I noise = sr_noise<U>(first + static_cast<uint32_t>(i), salt);
+    store_bf16_stochastic(m, srl(noise, 16), m_ptr + i);
+    store_bf16_stochastic(v, noise & I::from_u32(0xFFFFu), v_ptr + i);
+  });
+}
+
+/// Adam with int8 moments, block by block: dequantize with the old absmax and update the moments
+/// (into an L1 buffer, finding the block's new absmaxes), then update the params and write the
+/// codes.
+template <class V, typename P, typename G>
+void adam_int8_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  using S = typename V::Scalar;
+  const int64_t block = h.state_block;
+  const float inv_bc2 = 1.f / s.bias_correction2_sqrt;
+  int8_t* const m_codes = static_cast<int8_t*>(c.exp_avg_lp);
+  uint8_t* const v_codes = static_cast<uint8_t*>(c.exp_avg_sq_lp);
   alignas(64) float m_new[kMaxStateBlock];
   alignas(64) float v_new[kMaxStateBlock];
   for (int64_t b0 = 0; b0 < c.numel; b0 += block) {
     const int64_t len = c.numel - b0 < block ? c.numel - b0 : block;
     const int64_t k = b0 / block;
-    const float m_absmax = int8 ? c.exp_avg_absmax[k] : 0.f;
-    const float v_absmax = int8 ? c.exp_avg_sq_absmax[k] : 0.f;
+    const float m_absmax = c.exp_avg_absmax[k];
+    const float v_absmax = c.exp_avg_sq_absmax[k];
     V m_max_v(0.f), v_max_v(0.f);
-    typename V::Scalar m_max_s(0.f), v_max_s(0.f);
+    S m_max_s(0.f), v_max_s(0.f);
     for_each_lane<V>(len, [&](auto tag, int64_t j) {
       using U = decltype(tag);
       const int64_t i = b0 + j;
-      U g = load_grad<U, G>(c, h, s, i);
-      U p = load_param<U, P>(c, i);
-      if (h.weight_decay != 0.f) {
-        if (h.decoupled_weight_decay) {
-          p = p * U(s.param_decay);
-        } else {
-          g = fma(p, U(h.weight_decay), g);
-        }
-      }
-      U m, v;
-      if (int8) {
-        m = dequant_m(U::load(static_cast<const int8_t*>(c.exp_avg_lp) + i), m_absmax);
-        v = dequant_v(load_u8_code<U>(static_cast<const uint8_t*>(c.exp_avg_sq_lp) + i), v_absmax);
+      U m = dequant_m<U>(m_codes + i, m_absmax);
+      U v = dequant_v<U>(v_codes + i, v_absmax);
+      adam_lowbit_moments<U, P, G>(c, h, s, i, m, v);
+      m.store(m_new + j);
+      v.store(v_new + j);
+      if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
+        m_max_v = max(abs(m), m_max_v);
+        v_max_v = max(v, v_max_v);
       } else {
-        m = U::load(static_cast<const bf16*>(c.exp_avg_lp) + i);
-        v = U::load(static_cast<const bf16*>(c.exp_avg_sq_lp) + i);
+        m_max_s = max(abs(m), m_max_s);
+        v_max_s = max(v, v_max_s);
       }
-      m = fma(U(h.one_minus_beta1), g - m, m);
-      v = v * U(h.beta2_f);
-      v = fma(U(h.one_minus_beta2) * g, g, v);
-      if (int8) {
-        m.store(m_new + j);
-        v.store(v_new + j);
-        if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
-          m_max_v = max(abs(m), m_max_v);
-          v_max_v = max(v, v_max_v);
-        } else {
-          m_max_s = max(abs(m), m_max_s);
-          v_max_s = max(v, v_max_s);
-        }
-      } else {
-        store_bf16_stochastic(m, static_cast<bf16*>(c.exp_avg_lp) + i, c.sr_index + i, c.sr_salt);
-        store_bf16_stochastic(v, static_cast<bf16*>(c.exp_avg_sq_lp) + i, c.sr_index + i,
-                              c.sr_salt ^ 0x5BD1E995u);
-      }
-      const U denom = sqrt(v) / U(s.bias_correction2_sqrt) + U(h.eps);
-      p = p + U(-s.step_size) * m / denom;
-      store_param<U, P>(c, h, i, p);
     });
-    if (!int8) continue;
     const float m_amax = std::fmax(lane_max(m_max_v), m_max_s.v);
     const float v_amax = std::fmax(lane_max(v_max_v), v_max_s.v);
     c.exp_avg_absmax[k] = m_amax;
@@ -151,8 +177,62 @@ void adam_lowbit_range(const OptimTensor& c, const OptimHyper& h, const StepScal
     for_each_lane<V>(len, [&](auto tag, int64_t j) {
       using U = decltype(tag);
       const int64_t i = b0 + j;
-      quant_m(U::load(m_new + j), m_inv).store(static_cast<int8_t*>(c.exp_avg_lp) + i);
-      store_u8_code(quant_v(U::load(v_new + j), v_inv), static_cast<uint8_t*>(c.exp_avg_sq_lp) + i);
+      const U m = U::load(m_new + j);
+      const U v = U::load(v_new + j);
+      adam_lowbit_param<U, P>(c, h, s, inv_bc2, i, m, v);
+      quant_m(m, m_inv, m_codes + i);
+      quant_v(v, v_inv, v_codes + i);
+    });
+  }
+}
+
+/// int8 state from float32 values (a load, a conversion): per block the absmax (max |x| for the
+/// signed map, max x for the unsigned one; NaN skipped), then the codes, with the step's own
+/// functions, so a loaded state is exactly what the step would have written.
+template <class V>
+void lowbit_encode(const float* x, int64_t n, int64_t block, bool is_signed, void* codes,
+                   float* absmax) {
+  using S = typename V::Scalar;
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t len = n - b0 < block ? n - b0 : block;
+    V max_v(0.f);
+    S max_s(0.f);
+    for_each_lane<V>(len, [&](auto tag, int64_t j) {
+      using U = decltype(tag);
+      const U t = is_signed ? abs(U::load(x + b0 + j)) : U::load(x + b0 + j);
+      if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
+        max_v = max(t, max_v);
+      } else {
+        max_s = max(t, max_s);
+      }
+    });
+    const float amax = std::fmax(lane_max(max_v), max_s.v);
+    absmax[b0 / block] = amax;
+    const float inv = inverse_absmax(amax);
+    for_each_lane<V>(len, [&](auto tag, int64_t j) {
+      using U = decltype(tag);
+      const U t = U::load(x + b0 + j);
+      if (is_signed) {
+        quant_m(t, inv, static_cast<int8_t*>(codes) + b0 + j);
+      } else {
+        quant_v(t, inv, static_cast<uint8_t*>(codes) + b0 + j);
+      }
+    });
+  }
+}
+
+/// float32 values from int8 state, with the step's own dequantization.
+template <class V>
+void lowbit_decode(const void* codes, bool is_signed, const float* absmax, int64_t n, int64_t block,
+                   float* out) {
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t len = n - b0 < block ? n - b0 : block;
+    const float a = absmax[b0 / block];
+    for_each_lane<V>(len, [&](auto tag, int64_t j) {
+      using U = decltype(tag);
+      const U t = is_signed ? dequant_m<U>(static_cast<const int8_t*>(codes) + b0 + j, a)
+                            : dequant_v<U>(static_cast<const uint8_t*>(codes) + b0 + j, a);
+      t.store(out + b0 + j);
     });
   }
 }
@@ -272,7 +352,8 @@ void dispatch_storage(const OptimTensor& c, const OptimHyper& h, const StepScala
     }                                                                                              \
   };
 TORCHSPEED_OPTIM_RANGE(AdamRange, adam_range)
-TORCHSPEED_OPTIM_RANGE(AdamLowbitRange, adam_lowbit_range)
+TORCHSPEED_OPTIM_RANGE(AdamBf16Range, adam_bf16_range)
+TORCHSPEED_OPTIM_RANGE(AdamInt8Range, adam_int8_range)
 TORCHSPEED_OPTIM_RANGE(SgdRange, sgd_range)
 TORCHSPEED_OPTIM_RANGE(LionRange, lion_range)
 TORCHSPEED_OPTIM_RANGE(LambPhase1Range, lamb_phase1_range)
@@ -282,7 +363,8 @@ TORCHSPEED_OPTIM_RANGE(LambPhase2Range, lamb_phase2_range)
 // The table entries (all share OptimFn's signature; only LAMB phase 1 uses the norm outputs).
 template <class V>
 void adam_step(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, double*, double*) {
-  if (h.state_format != StateFormat::kFloat) return dispatch_storage<AdamLowbitRange, V>(c, h, s);
+  if (h.state_format == StateFormat::kBFloat16) return dispatch_storage<AdamBf16Range, V>(c, h, s);
+  if (h.state_format == StateFormat::kInt8) return dispatch_storage<AdamInt8Range, V>(c, h, s);
   dispatch_storage<AdamRange, V>(c, h, s);
 }
 template <class V>

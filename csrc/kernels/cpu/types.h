@@ -170,6 +170,14 @@ using ThresholdMaskFn = void (*)(const void* w, int elem_size, int64_t n, uint64
 
 // ---- The table ----------------------------------------------------------------------------------
 
+/// int8 optimizer moments (kernels/cpu/lowbit_state.h): n float32 values to codes (int8 when
+/// is_signed, the first moment's map; else uint8, the second's) and one absmax per block of
+/// `block` elements (the range starts on a block), and back.
+using LowbitEncodeFn = void (*)(const float* x, int64_t n, int64_t block, bool is_signed,
+                                void* codes, float* absmax);
+using LowbitDecodeFn = void (*)(const void* codes, bool is_signed, const float* absmax, int64_t n,
+                                int64_t block, float* out);
+
 /// The optimizer area's kernels (torchspeed.optim, torchspeed.ops.grad_stats).
 struct OptimKernels {
   GradStatsFn grad_stats;
@@ -178,6 +186,8 @@ struct OptimKernels {
   OptimFn lion;
   OptimFn lamb_phase1;  // updates the moments, returns ||param||^2 and ||update||^2
   OptimFn lamb_phase2;  // recomputes the update from the new moments, applies step_size * it
+  LowbitEncodeFn lowbit_encode;
+  LowbitDecodeFn lowbit_decode;
 };
 
 /// The data area's kernels (torchspeed.data's image transforms).

@@ -83,6 +83,7 @@ inline fp16 to_fp16(float f) {
 inline float to_float(float x) { return x; }
 inline double to_float(double x) { return x; }
 inline float to_float(int8_t x) { return static_cast<float>(x); }
+inline float to_float(uint8_t x) { return static_cast<float>(x); }
 
 template <typename T>
 inline T from_float(float f);
@@ -103,10 +104,19 @@ template <>
 inline int8_t from_float<int8_t>(float f) {
   return static_cast<int8_t>(static_cast<int32_t>(f));
 }
+/// uint8 from a value already rounded and clamped to [0, 255].
+template <>
+inline uint8_t from_float<uint8_t>(float f) {
+  return static_cast<uint8_t>(static_cast<int32_t>(f));
+}
 
-// ---- int32 lanes: exact fixed-point arithmetic (the image resampler; next, int8 kernels) --------
+// ---- int32 lanes: exact fixed-point arithmetic and bit manipulation ----------------------------
 // load_u8 widens kWidth bytes; + and * wrap like int32 SIMD (callers keep sums in range); sra is
 // an arithmetic right shift; store_u8_saturate clamps each lane to [0, 255] and narrows.
+// Bit work (hashes, float bit patterns): mullo multiplies modulo 2^32, srl/sll shift logically,
+// ^ & | andnot act on bits, abs/min/max are signed, cmpeq/cmpgt give all-ones lanes where true
+// (signed compare), select picks by such a mask, ramp(x) holds x, x + 1, ... (lane order),
+// store_u16 narrows each lane's low 16 bits.
 
 /// One int32 lane: the scalar ISA, and the tail of every integer vector loop.
 struct ScalarVecI32 {
@@ -115,12 +125,39 @@ struct ScalarVecI32 {
   ScalarVecI32() = default;
   explicit ScalarVecI32(int32_t x) : v(x) {}
   static ScalarVecI32 load_u8(const uint8_t* p) { return ScalarVecI32(p[0]); }
-  friend ScalarVecI32 operator+(ScalarVecI32 a, ScalarVecI32 b) { return ScalarVecI32(a.v + b.v); }
-  friend ScalarVecI32 operator*(ScalarVecI32 a, ScalarVecI32 b) { return ScalarVecI32(a.v * b.v); }
+  friend ScalarVecI32 operator+(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.u() + b.u()); }
+  friend ScalarVecI32 operator-(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.u() - b.u()); }
+  friend ScalarVecI32 operator*(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.u() * b.u()); }
+  static ScalarVecI32 load_i8(const int8_t* p) { return ScalarVecI32(p[0]); }
+  friend ScalarVecI32 abs(ScalarVecI32 a) { return a.v < 0 ? from_u32(0u - a.u()) : a; }
+  friend ScalarVecI32 min(ScalarVecI32 a, ScalarVecI32 b) { return a.v < b.v ? a : b; }
+  friend ScalarVecI32 max(ScalarVecI32 a, ScalarVecI32 b) { return a.v > b.v ? a : b; }
+  /// Lanes already in [-128, 127], narrowed to int8.
+  void store_i8(int8_t* p) const { p[0] = static_cast<int8_t>(v); }
   friend ScalarVecI32 sra(ScalarVecI32 a, int bits) { return ScalarVecI32(a.v >> bits); }
   void store_u8_saturate(uint8_t* p) const {
     p[0] = static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
   }
+  static ScalarVecI32 ramp(int32_t x) { return ScalarVecI32(x); }
+  static ScalarVecI32 from_u32(uint32_t x) { return ScalarVecI32(static_cast<int32_t>(x)); }
+  uint32_t u() const { return static_cast<uint32_t>(v); }
+  friend ScalarVecI32 mullo(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.u() * b.u()); }
+  friend ScalarVecI32 operator^(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.u() ^ b.u()); }
+  friend ScalarVecI32 operator&(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.u() & b.u()); }
+  friend ScalarVecI32 operator|(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(a.u() | b.u()); }
+  friend ScalarVecI32 andnot(ScalarVecI32 a, ScalarVecI32 b) { return from_u32(~a.u() & b.u()); }
+  friend ScalarVecI32 srl(ScalarVecI32 a, int bits) { return from_u32(a.u() >> bits); }
+  friend ScalarVecI32 sll(ScalarVecI32 a, int bits) { return from_u32(a.u() << bits); }
+  friend ScalarVecI32 cmpeq(ScalarVecI32 a, ScalarVecI32 b) {
+    return from_u32(a.v == b.v ? ~0u : 0u);
+  }
+  friend ScalarVecI32 cmpgt(ScalarVecI32 a, ScalarVecI32 b) {
+    return from_u32(a.v > b.v ? ~0u : 0u);
+  }
+  friend ScalarVecI32 select(ScalarVecI32 mask, ScalarVecI32 a, ScalarVecI32 b) {
+    return mask.v ? a : b;
+  }
+  void store_u16(uint16_t* p) const { p[0] = static_cast<uint16_t>(u()); }
 };
 
 #if defined(__AVX2__)
@@ -140,12 +177,70 @@ struct VecAvx2I32 {
   friend VecAvx2I32 operator*(VecAvx2I32 a, VecAvx2I32 b) {
     return VecAvx2I32(_mm256_mullo_epi32(a.v, b.v));
   }
+  friend VecAvx2I32 operator-(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_sub_epi32(a.v, b.v));
+  }
+  static VecAvx2I32 load_i8(const int8_t* p) {
+    return VecAvx2I32(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  friend VecAvx2I32 abs(VecAvx2I32 a) { return VecAvx2I32(_mm256_abs_epi32(a.v)); }
+  friend VecAvx2I32 min(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_min_epi32(a.v, b.v));
+  }
+  friend VecAvx2I32 max(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_max_epi32(a.v, b.v));
+  }
+  /// Lanes already in [-128, 127], narrowed to int8.
+  void store_i8(int8_t* p) const {
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(w, w));
+  }
   friend VecAvx2I32 sra(VecAvx2I32 a, int bits) {
     return VecAvx2I32(_mm256_sra_epi32(a.v, _mm_cvtsi32_si128(bits)));
   }
   void store_u8_saturate(uint8_t* p) const {
     const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
+  }
+  static VecAvx2I32 ramp(int32_t x) {
+    return VecAvx2I32(
+        _mm256_add_epi32(_mm256_set1_epi32(x), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+  }
+  static VecAvx2I32 from_u32(uint32_t x) { return VecAvx2I32(static_cast<int32_t>(x)); }
+  friend VecAvx2I32 mullo(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_mullo_epi32(a.v, b.v));
+  }
+  friend VecAvx2I32 operator^(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_xor_si256(a.v, b.v));
+  }
+  friend VecAvx2I32 operator&(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_and_si256(a.v, b.v));
+  }
+  friend VecAvx2I32 operator|(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_or_si256(a.v, b.v));
+  }
+  friend VecAvx2I32 andnot(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_andnot_si256(a.v, b.v));
+  }
+  friend VecAvx2I32 srl(VecAvx2I32 a, int bits) {
+    return VecAvx2I32(_mm256_srl_epi32(a.v, _mm_cvtsi32_si128(bits)));
+  }
+  friend VecAvx2I32 sll(VecAvx2I32 a, int bits) {
+    return VecAvx2I32(_mm256_sll_epi32(a.v, _mm_cvtsi32_si128(bits)));
+  }
+  friend VecAvx2I32 cmpeq(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_cmpeq_epi32(a.v, b.v));
+  }
+  friend VecAvx2I32 cmpgt(VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_cmpgt_epi32(a.v, b.v));
+  }
+  friend VecAvx2I32 select(VecAvx2I32 mask, VecAvx2I32 a, VecAvx2I32 b) {
+    return VecAvx2I32(_mm256_blendv_epi8(b.v, a.v, mask.v));
+  }
+  /// Lanes' low 16 bits (each lane must hold a value in [0, 65535]).
+  void store_u16(uint16_t* p) const {
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), w);
   }
 };
 #endif
@@ -167,6 +262,23 @@ struct VecAvx512I32 {
   friend VecAvx512I32 operator*(VecAvx512I32 a, VecAvx512I32 b) {
     return VecAvx512I32(_mm512_mullo_epi32(a.v, b.v));
   }
+  friend VecAvx512I32 operator-(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_sub_epi32(a.v, b.v));
+  }
+  static VecAvx512I32 load_i8(const int8_t* p) {
+    return VecAvx512I32(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  friend VecAvx512I32 abs(VecAvx512I32 a) { return VecAvx512I32(_mm512_abs_epi32(a.v)); }
+  friend VecAvx512I32 min(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_min_epi32(a.v, b.v));
+  }
+  friend VecAvx512I32 max(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_max_epi32(a.v, b.v));
+  }
+  /// Lanes already in [-128, 127], narrowed to int8.
+  void store_i8(int8_t* p) const {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(v));
+  }
   friend VecAvx512I32 sra(VecAvx512I32 a, int bits) {
     return VecAvx512I32(_mm512_sra_epi32(a.v, _mm_cvtsi32_si128(bits)));
   }
@@ -174,6 +286,46 @@ struct VecAvx512I32 {
     // Negative lanes to 0 first: the narrowing saturates as unsigned.
     const __m512i c = _mm512_max_epi32(v, _mm512_setzero_si512());
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtusepi32_epi8(c));
+  }
+  static VecAvx512I32 ramp(int32_t x) {
+    return VecAvx512I32(
+        _mm512_add_epi32(_mm512_set1_epi32(x),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
+  }
+  static VecAvx512I32 from_u32(uint32_t x) { return VecAvx512I32(static_cast<int32_t>(x)); }
+  friend VecAvx512I32 mullo(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_mullo_epi32(a.v, b.v));
+  }
+  friend VecAvx512I32 operator^(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_xor_si512(a.v, b.v));
+  }
+  friend VecAvx512I32 operator&(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_and_si512(a.v, b.v));
+  }
+  friend VecAvx512I32 operator|(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_or_si512(a.v, b.v));
+  }
+  friend VecAvx512I32 andnot(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_andnot_si512(a.v, b.v));
+  }
+  friend VecAvx512I32 srl(VecAvx512I32 a, int bits) {
+    return VecAvx512I32(_mm512_srl_epi32(a.v, _mm_cvtsi32_si128(bits)));
+  }
+  friend VecAvx512I32 sll(VecAvx512I32 a, int bits) {
+    return VecAvx512I32(_mm512_sll_epi32(a.v, _mm_cvtsi32_si128(bits)));
+  }
+  friend VecAvx512I32 cmpeq(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_movm_epi32(_mm512_cmpeq_epi32_mask(a.v, b.v)));
+  }
+  friend VecAvx512I32 cmpgt(VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_movm_epi32(_mm512_cmpgt_epi32_mask(a.v, b.v)));
+  }
+  friend VecAvx512I32 select(VecAvx512I32 mask, VecAvx512I32 a, VecAvx512I32 b) {
+    return VecAvx512I32(_mm512_mask_mov_epi32(b.v, _mm512_movepi32_mask(mask.v), a.v));
+  }
+  /// Lanes' low 16 bits (each lane must hold a value in [0, 65535]).
+  void store_u16(uint16_t* p) const {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
   }
 };
 #endif
@@ -223,6 +375,9 @@ struct ScalarVec {
     return ScalarVec(mask_src.v != F(0) ? a.v : F(0));
   }
   double reduce_add() const { return static_cast<double>(v); }
+  /// The lanes' IEEE bit patterns (float lanes only), and back.
+  I32 to_bits() const { return I32::from_u32(float_to_bits(static_cast<float>(v))); }
+  static ScalarVec from_bits(I32 b) { return ScalarVec(static_cast<F>(bits_to_float(b.u()))); }
 };
 
 #if defined(__AVX2__)
@@ -257,6 +412,18 @@ struct VecAvx2 {
   }
   void store(fp16* p) const {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  I32 to_bits() const { return I32(_mm256_castps_si256(v)); }
+  static VecAvx2 from_bits(I32 b) { return VecAvx2(_mm256_castsi256_ps(b.v)); }
+  static VecAvx2 load(const uint8_t* p) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return VecAvx2(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)));
+  }
+  /// Lanes already rounded and clamped to [0, 255]: exact conversion, then narrowing.
+  void store(uint8_t* p) const {
+    const __m256i i = _mm256_cvtps_epi32(v);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
   }
   static VecAvx2 load(const int8_t* p) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
@@ -340,6 +507,16 @@ struct VecAvx512 {
   void store(fp16* p) const {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  I32 to_bits() const { return I32(_mm512_castps_si512(v)); }
+  static VecAvx512 from_bits(I32 b) { return VecAvx512(_mm512_castsi512_ps(b.v)); }
+  static VecAvx512 load(const uint8_t* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return VecAvx512(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)));
+  }
+  /// Lanes already rounded and clamped to [0, 255]: exact conversion, then narrowing.
+  void store(uint8_t* p) const {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(v)));
   }
   static VecAvx512 load(const int8_t* p) {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));

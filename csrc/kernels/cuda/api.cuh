@@ -123,6 +123,14 @@ cudaError_t int8_linear(const int8_t* a, const float* a_scale, const int8_t* w,
                         const float* w_scale, const float* bias, bool relu, DType out_dtype,
                         void* out, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
 
+// ---- int8 optimizer state (lowbit.cu; maps in kernels/common/lowbit_codes.h) -------------------
+/// codes (int8 when is_signed, else uint8) and one absmax per block of `block` elements of x.
+cudaError_t lowbit_encode(const float* x, int64_t n, int64_t block, bool is_signed, void* codes,
+                          float* absmax, cudaStream_t stream);
+/// out = the float32 values of the codes.
+cudaError_t lowbit_decode(const void* codes, bool is_signed, const float* absmax, int64_t n,
+                          int64_t block, float* out, cudaStream_t stream);
+
 // ---- packed masks (mask.cu; bit j of byte b = element 8b + j, in memory order) ----------------
 
 /// bits[b] = the {0,1} bytes bools[8b .. 8b + 7] (nonzero = 1), ceil(n / 8) bytes.

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -105,6 +106,51 @@ void run_fused_step(const FusedStep& a) {
   });
 }
 
+// int8 state encode / decode: the ISA kernels over ranges of whole blocks, in parallel.
+template <class Fn>
+void over_blocks(int64_t n, int64_t block, Fn&& fn) {
+  const int64_t grain = std::max<int64_t>(kChunkElements / block, 1);
+  at::parallel_for(0, (n + block - 1) / block, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t begin = b0 * block;
+    fn(begin, std::min(n, b1 * block) - begin);
+  });
+}
+
+LowbitCodesTuple lowbit_encode_cpu(const LowbitEncodeArgs& a) {
+  validate(a);
+  const char* op = LowbitEncodeArgs::kName;
+  const auto& table = *rethrow_as_torch_error(op, [] { return &kernels::cpu::cpu_kernels(); });
+  const int64_t n = a.values.numel();
+  const int64_t block = a.state_block;
+  at::Tensor codes =
+      at::empty_like(a.values, a.values.options().dtype(a.is_signed ? at::kChar : at::kByte));
+  at::Tensor absmax = at::empty({(n + block - 1) / block}, a.values.options());
+  const float* x = a.values.const_data_ptr<float>();
+  char* c = static_cast<char*>(codes.data_ptr());
+  float* am = absmax.data_ptr<float>();
+  over_blocks(n, block, [&](int64_t begin, int64_t len) {
+    table.optim.lowbit_encode(x + begin, len, block, a.is_signed, c + begin, am + begin / block);
+  });
+  return {codes, absmax};
+}
+
+at::Tensor lowbit_decode_cpu(const LowbitDecodeArgs& a) {
+  validate(a);
+  const char* op = LowbitDecodeArgs::kName;
+  const auto& table = *rethrow_as_torch_error(op, [] { return &kernels::cpu::cpu_kernels(); });
+  const int64_t n = a.codes.numel();
+  const int64_t block = a.state_block;
+  const bool is_signed = a.codes.scalar_type() == at::kChar;
+  at::Tensor out = at::empty_like(a.codes, a.codes.options().dtype(at::kFloat));
+  const char* c = static_cast<const char*>(a.codes.const_data_ptr());
+  const float* am = a.absmax.const_data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  over_blocks(n, block, [&](int64_t begin, int64_t len) {
+    table.optim.lowbit_decode(c + begin, is_signed, am + begin / block, len, block, o + begin);
+  });
+  return out;
+}
+
 template <class Args>
 void fused_step_cpu(const Args& args) {
   run_fused_step(fused_step(args));
@@ -118,6 +164,8 @@ TORCH_LIBRARY_IMPL(torchspeed, CPU, m) {
   TORCHSPEED_OP_IMPL(m, SgdStepArgs, fused_step_cpu<SgdStepArgs>);
   TORCHSPEED_OP_IMPL(m, LionStepArgs, fused_step_cpu<LionStepArgs>);
   TORCHSPEED_OP_IMPL(m, LambStepArgs, fused_step_cpu<LambStepArgs>);
+  TORCHSPEED_OP_IMPL(m, LowbitEncodeArgs, lowbit_encode_cpu);
+  TORCHSPEED_OP_IMPL(m, LowbitDecodeArgs, lowbit_decode_cpu);
 }
 
 }  // namespace torchspeed::ops

@@ -67,6 +67,36 @@ void fused_step_cuda(const Args& args) {
   run_fused_step(fused_step(args));
 }
 
+void check_launch(const char* op, cudaError_t err) {
+  TORCH_CHECK(err == cudaSuccess, "torchspeed.", op,
+              ": CUDA kernel launch failed: ", cudaGetErrorString(err));
+}
+
+LowbitCodesTuple lowbit_encode_cuda(const LowbitEncodeArgs& a) {
+  validate(a);
+  const c10::cuda::CUDAGuard guard(a.values.device());
+  const int64_t n = a.values.numel();
+  at::Tensor codes =
+      at::empty_like(a.values, a.values.options().dtype(a.is_signed ? at::kChar : at::kByte));
+  at::Tensor absmax = at::empty({(n + a.state_block - 1) / a.state_block}, a.values.options());
+  check_launch(LowbitEncodeArgs::kName,
+               kc::lowbit_encode(a.values.const_data_ptr<float>(), n, a.state_block, a.is_signed,
+                                 codes.data_ptr(), absmax.data_ptr<float>(),
+                                 c10::cuda::getCurrentCUDAStream()));
+  return {codes, absmax};
+}
+
+at::Tensor lowbit_decode_cuda(const LowbitDecodeArgs& a) {
+  validate(a);
+  const c10::cuda::CUDAGuard guard(a.codes.device());
+  at::Tensor out = at::empty_like(a.codes, a.codes.options().dtype(at::kFloat));
+  check_launch(LowbitDecodeArgs::kName,
+               kc::lowbit_decode(a.codes.const_data_ptr(), a.codes.scalar_type() == at::kChar,
+                                 a.absmax.const_data_ptr<float>(), a.codes.numel(), a.state_block,
+                                 out.data_ptr<float>(), c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchspeed, CUDA, m) {
@@ -75,6 +105,8 @@ TORCH_LIBRARY_IMPL(torchspeed, CUDA, m) {
   TORCHSPEED_OP_IMPL(m, SgdStepArgs, fused_step_cuda<SgdStepArgs>);
   TORCHSPEED_OP_IMPL(m, LionStepArgs, fused_step_cuda<LionStepArgs>);
   TORCHSPEED_OP_IMPL(m, LambStepArgs, fused_step_cuda<LambStepArgs>);
+  TORCHSPEED_OP_IMPL(m, LowbitEncodeArgs, lowbit_encode_cuda);
+  TORCHSPEED_OP_IMPL(m, LowbitDecodeArgs, lowbit_decode_cuda);
 }
 
 }  // namespace torchspeed::ops

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "torchspeed/export.h"
@@ -94,6 +95,23 @@ TORCHSPEED_OP_ARGS(AdamStepArgs, "adam_step_", void, TORCHSPEED_ADAM_STEP_ARGS);
   TORCHSPEED_STEP_TAIL_ARGS(X)
 TORCHSPEED_OP_ARGS(AdamLowbitStepArgs, "adam_lowbit_step_", void, TORCHSPEED_ADAM_LOWBIT_STEP_ARGS);
 
+// ---- int8 optimizer state: encode / decode (the step's own maps) -------------------------------
+
+using LowbitCodesTuple = std::tuple<at::Tensor, at::Tensor>;
+
+#define TORCHSPEED_LOWBIT_ENCODE_ARGS(X) \
+  X(at::Tensor, values, {})              \
+  X(bool, is_signed, true)               \
+  X(int64_t, state_block, 256)
+TORCHSPEED_OP_ARGS(LowbitEncodeArgs, "lowbit_encode", LowbitCodesTuple,
+                   TORCHSPEED_LOWBIT_ENCODE_ARGS);
+
+#define TORCHSPEED_LOWBIT_DECODE_ARGS(X) \
+  X(at::Tensor, codes, {})               \
+  X(at::Tensor, absmax, {})              \
+  X(int64_t, state_block, 256)
+TORCHSPEED_OP_ARGS(LowbitDecodeArgs, "lowbit_decode", at::Tensor, TORCHSPEED_LOWBIT_DECODE_ARGS);
+
 #define TORCHSPEED_SGD_STEP_ARGS(X)       \
   X(at::TensorList, params, {})           \
   X(at::TensorList, grads, {})            \
@@ -157,6 +175,19 @@ struct GradStats {
 /// One read-only pass over `tensors`: global L2 norm, optional per-tensor norms, non-finite flag.
 /// An empty list gives norm 0 and found_inf 0 on the CPU, as torch.nn.utils.clip_grad_norm_([]).
 TORCHSPEED_API GradStats grad_stats(at::TensorList tensors, bool per_tensor = false);
+
+/// int8 optimizer state of float32 `values` (any shape, contiguous): codes of the same shape
+/// (int8, the first moment's map, when is_signed; uint8, the second moment's, otherwise) and one
+/// float32 absmax per block of state_block elements; decode is the inverse. The maps are the
+/// fused step's own (kernels/cpu/lowbit_state.h), so loading a state and stepping agree exactly.
+TORCHSPEED_API LowbitCodesTuple lowbit_encode(const LowbitEncodeArgs& args);
+TORCHSPEED_API at::Tensor lowbit_decode(const LowbitDecodeArgs& args);
+/// The moment format ("fp32", "bf16" or "int8") a param of `numel` elements gets under these
+/// options; refuses an unknown state_dtype, min_lowbit_numel < 0 and a state_block that is not a
+/// power of two in [8, 4096] (the one validator of the optimizers' state options).
+/// Throws c10::ValueError (ValueError in Python) naming the bad value.
+TORCHSPEED_API std::string lowbit_state_format(const std::string& state_dtype, int64_t numel,
+                                               int64_t min_lowbit_numel, int64_t state_block);
 
 /// As grad_stats, after multiplying every tensor in place by `inv_scale` (one-element float32
 /// tensor on the tensors' device); non-finite values are detected before unscaling.

@@ -1,21 +1,19 @@
 """Low-bit optimizer moments (``state_dtype="bf16"`` / ``"int8"``): the state layout, and the
-conversions a load or an export needs (the step itself runs in the fused kernels).
+conversions a load or an export needs (the step itself runs in the fused kernels; the int8
+encode / decode are the native ops lowbit_encode / lowbit_decode, which share the step's element
+math, so a loaded state and the step can never disagree).
 
 int8 moments are blockwise: ``exp_avg`` holds int8 codes, ``exp_avg_sq`` uint8 codes, and
 ``exp_avg_absmax`` / ``exp_avg_sq_absmax`` one float32 absmax per block of ``state_block``
-elements (in the param's memory order). The maps (kernels/cpu/lowbit_state.h) are
-
-    m = sign(c) * (|c| / 127) ** 2 * absmax        (int8 c in [-127, 127])
-    v = (c / 255) ** 4 * absmax                    (uint8 c in [0, 255])
-
-and quantizing picks the nearest code in the root domain. The functions below compute exactly
-what the kernels compute (float32, IEEE-rounded, the same operation order), so a converted state
-steps on from the codes the kernel itself would have written.
+elements (in the param's memory order). The maps (kernels/cpu/lowbit_state.h, docs/OPTIM.md)
+are 8-bit floats relative to the block's absmax: sign + E4M3 for m, unsigned E5M3 for v.
 """
 
 from typing import Dict
 
 import torch
+
+from .._native import native_op
 
 STATE_DTYPES = ("fp32", "bf16", "int8")
 #: Moments of tensors with fewer elements stay float32 under state_dtype="int8" (as bitsandbytes'
@@ -25,34 +23,40 @@ DEFAULT_STATE_BLOCK = 256
 ABSMAX_KEYS = ("exp_avg_absmax", "exp_avg_sq_absmax")
 
 
-def check_state_dtype(optimizer: str, value) -> str:
-    if not isinstance(value, str):
-        raise TypeError(
-            f"torchspeed.optim.{optimizer}: state_dtype must be one of {STATE_DTYPES}, got "
-            f"{type(value).__name__} {value!r}"
-        )
-    if value not in STATE_DTYPES:
-        raise ValueError(
-            f"torchspeed.optim.{optimizer}: state_dtype must be one of {STATE_DTYPES}, got "
-            f"{value!r}"
-        )
-    return value
+def _op(name: str):
+    return native_op(name, "optim")
 
 
-def check_positive_int(optimizer: str, name: str, value, power_of_two=False, at_most=None):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"torchspeed.optim.{optimizer}: {name} must be an int, got {type(value).__name__} "
-            f"{value!r}"
-        )
-    bad = value < 0 or (power_of_two and (value < 8 or value & (value - 1)))
-    if bad or (at_most is not None and value > at_most):
-        rule = "a power of two in [8, 4096]" if power_of_two else "an int >= 0"
-        raise ValueError(f"torchspeed.optim.{optimizer}: {name} must be {rule}, got {value}")
+def check_options(optimizer: str, state_dtype, min_lowbit_numel, state_block, prefix=""):
+    """Validates the state options through the one C++ validator (torchspeed::lowbit_state_format,
+    also used by the C++ Options); only the Python types are checked here."""
+    for name, value, kind in (
+        ("state_dtype", state_dtype, "a str"),
+        ("min_lowbit_numel", min_lowbit_numel, "an int"),
+        ("state_block", state_block, "an int"),
+    ):
+        if isinstance(value, bool) or not isinstance(value, str if kind == "a str" else int):
+            raise TypeError(
+                f"torchspeed.optim.{optimizer}: {prefix}{name} must be {kind}, got "
+                f"{type(value).__name__} {value!r}"
+            )
+    try:
+        _op("lowbit_state_format")(state_dtype, 0, min_lowbit_numel, state_block)
+    except ValueError as e:
+        raise ValueError(f"torchspeed.optim.{optimizer}: {prefix}{_message(e)}") from None
+    return state_dtype
+
+
+def _message(e: Exception) -> str:
+    """The C++ check's message without its op prefix and C++ context lines."""
+    text = str(e).splitlines()[0]
+    return text.split(": ", 1)[1] if text.startswith("torchspeed.") else text
 
 
 def format_of(state_dtype: str, numel: int, min_lowbit_numel: int) -> str:
-    """The format a param's moments get: int8 only from min_lowbit_numel elements on."""
+    """The format a param's moments get: int8 only from min_lowbit_numel elements on (options
+    already checked by check_options; plain Python here, as the step runs it under torch.compile
+    and the op returns a str, which Dynamo cannot trace)."""
     if state_dtype == "int8" and numel < min_lowbit_numel:
         return "fp32"
     return state_dtype
@@ -71,53 +75,24 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((t.numel(),), (1,))
 
 
-def _blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
-    pad = (-flat.numel()) % block
-    return torch.nn.functional.pad(flat, (0, pad)).reshape(-1, block)
-
-
-def _inverse(absmax: torch.Tensor) -> torch.Tensor:
-    ok = (absmax > 0) & torch.isfinite(absmax)
-    return torch.where(ok, 1.0 / torch.where(ok, absmax, torch.ones_like(absmax)), 0.0)
-
-
-def _reciprocal(x: float) -> torch.Tensor:
-    """1 / x rounded once to float32, as the kernels' constant 1.f / x is."""
-    return torch.ones((), dtype=torch.float32) / torch.tensor(x, dtype=torch.float32)
-
-
-def _without_nan(b: torch.Tensor) -> torch.Tensor:
-    """NaN lanes as 0 (the kernels' max skips them); inf stays inf."""
-    return torch.where(torch.isnan(b), torch.zeros_like(b), b)
-
-
 def dequantize_m(codes: torch.Tensor, absmax: torch.Tensor, block: int) -> torch.Tensor:
-    """float32 first moment (flat, memory order) from int8 codes and per-block absmax."""
-    t = _blocks(_flat(codes).float(), block) * _reciprocal(127.0)
-    return (t * t.abs() * absmax.reshape(-1, 1)).reshape(-1)[: codes.numel()]
+    """float32 first moment (flat, memory order) from int8 codes and per-block absmax: the native
+    lowbit_decode, the step's own map."""
+    return _op("lowbit_decode")(_flat(codes), absmax.contiguous(), block)
 
 
 def dequantize_v(codes: torch.Tensor, absmax: torch.Tensor, block: int) -> torch.Tensor:
-    t = _blocks(_flat(codes).float(), block) * _reciprocal(255.0)
-    t2 = t * t
-    return (t2 * t2 * absmax.reshape(-1, 1)).reshape(-1)[: codes.numel()]
+    return _op("lowbit_decode")(_flat(codes), absmax.contiguous(), block)
 
 
 def quantize_m(m: torch.Tensor, block: int):
-    """(int8 codes, float32 absmax) of a float32 first moment given flat in memory order."""
-    b = _blocks(m.float(), block)
-    absmax = _without_nan(b.abs()).amax(1)
-    q = torch.round(torch.sqrt(b.abs() * _inverse(absmax).reshape(-1, 1)) * 127.0) * torch.sign(b)
-    q = q.nan_to_num(-127.0).clamp(-127.0, 127.0)
-    return q.reshape(-1)[: m.numel()].to(torch.int8), absmax
+    """(int8 codes, float32 absmax) of a float32 first moment given flat in memory order: the
+    native lowbit_encode, the step's own quantizer."""
+    return _op("lowbit_encode")(m.float().contiguous(), True, block)
 
 
 def quantize_v(v: torch.Tensor, block: int):
-    b = _blocks(v.float(), block)
-    absmax = _without_nan(b).amax(1).clamp_min(0.0)
-    q = torch.round(torch.sqrt(torch.sqrt(b * _inverse(absmax).reshape(-1, 1))) * 255.0)
-    q = q.nan_to_num(0.0).clamp(0.0, 255.0)
-    return q.reshape(-1)[: v.numel()].to(torch.uint8), absmax
+    return _op("lowbit_encode")(v.float().contiguous(), False, block)
 
 
 def _laid_out(flat: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

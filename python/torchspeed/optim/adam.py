@@ -73,16 +73,12 @@ class Adam(FusedOptimizer):
     def _check_group(self, group, where):
         name = type(self).__name__
         prefix = f"{where}." if where else ""
-        state_dtype = _lowbit.check_state_dtype(name, group.get("state_dtype", "fp32"))
-        _lowbit.check_positive_int(
-            name, prefix + "min_lowbit_numel", group.get("min_lowbit_numel", 4096)
-        )
-        _lowbit.check_positive_int(
+        state_dtype = _lowbit.check_options(
             name,
-            prefix + "state_block",
-            group.get("state_block", 256),
-            power_of_two=True,
-            at_most=4096,
+            group.get("state_dtype", "fp32"),
+            group.get("min_lowbit_numel", _lowbit.DEFAULT_MIN_LOWBIT_NUMEL),
+            group.get("state_block", _lowbit.DEFAULT_STATE_BLOCK),
+            prefix,
         )
         if state_dtype != "fp32" and group.get("amsgrad"):
             raise ValueError(

@@ -12,6 +12,8 @@ TEST_CASE("every op's argument struct has its schema's names, order and defaults
   check_against_schema<torchspeed::GradStatsUnscaleArgs>();
   check_against_schema<torchspeed::AdamStepArgs>();
   check_against_schema<torchspeed::AdamLowbitStepArgs>();
+  check_against_schema<torchspeed::LowbitEncodeArgs>();
+  check_against_schema<torchspeed::LowbitDecodeArgs>();
   check_against_schema<torchspeed::SgdStepArgs>();
   check_against_schema<torchspeed::LionStepArgs>();
   check_against_schema<torchspeed::LambStepArgs>();

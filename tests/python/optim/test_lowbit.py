@@ -86,23 +86,58 @@ def test_low_bit_state_is_bit_identical_on_every_isa(cpu_isa, state_dtype, monke
             assert torch.equal(opt.state[a][key], t), (cpu_isa, key)
 
 
-def test_quantization_round_trip_error_is_bounded_per_block():
+def _code_values(signed):
+    """float64 value in [0, 1] of each code magnitude (docs/OPTIM.md): k = 0 is 0; else, with
+    j = k + offset, (1 + (j % 8) / 8) * 2 ** (j // 8 - 127); the top code is 1.0."""
+    top = 127 if signed else 255
+    j = torch.arange(top + 1, dtype=torch.float64) + (127 * 8 - top)
+    values = (1 + torch.remainder(j, 8) / 8) * torch.pow(
+        2.0, torch.div(j, 8, rounding_mode="floor") - 127
+    )
+    values[0] = 0.0
+    return values
+
+
+def _nearest_codes(x, signed):
+    """float64 reference quantizer: the nearest code value to x = |m| / absmax (or v / absmax)."""
+    values = _code_values(signed)
+    return (x.double().unsqueeze(-1) - values).abs().argmin(-1)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_int8_maps_against_a_float64_reference(cpu_isa, signed):
     g = torch.Generator().manual_seed(3)
-    m = torch.randn(10 * BLOCK + 17, generator=g) * torch.logspace(-6, 0, 10 * BLOCK + 17)
-    v = m * m
-    qm, am = _lowbit.quantize_m(m, BLOCK)
-    qv, av = _lowbit.quantize_v(v, BLOCK)
-    m2 = _lowbit.dequantize_m(qm, am, BLOCK)
-    v2 = _lowbit.dequantize_v(qv, av, BLOCK)
-    # In the root domain the error is at most half a code: |sqrt(|m| / absmax) - |c| / 127| <=
-    # 0.5 / 127 (and (v / absmax)^(1/4) for v, 0.5 / 255), per block.
+    n = 10 * BLOCK + 17
+    x = torch.randn(n, generator=g) * torch.logspace(-9 if signed else -18, 0, n)
+    x = x if signed else x * x
+    codes, absmax = (_lowbit.quantize_m if signed else _lowbit.quantize_v)(x, BLOCK)
+    back = (_lowbit.dequantize_m if signed else _lowbit.dequantize_v)(codes, absmax, BLOCK)
     blocks = lambda t: torch.nn.functional.pad(t, (0, (-t.numel()) % BLOCK)).reshape(-1, BLOCK)  # noqa: E731
-    rm = (blocks(m.abs()) / am[:, None]).sqrt() - (blocks(m2.abs()) / am[:, None]).sqrt()
-    rv = (blocks(v) / av[:, None]).pow(0.25) - (blocks(v2) / av[:, None]).pow(0.25)
-    assert rm.abs().max() <= 0.5 / 127 + 1e-6 and rv.abs().max() <= 0.5 / 255 + 1e-6
-    assert torch.equal(torch.sign(m2), torch.sign(m) * (qm != 0))
+    ref_absmax = blocks(x.abs()).amax(1)
+    assert torch.equal(absmax, ref_absmax)
+    # Decode: exactly the reference value times absmax (one float32 rounding).
+    values = _code_values(signed)
+    k = codes.long().abs()
+    ref_back = (values[k].reshape(-1) * torch.repeat_interleave(absmax.double(), BLOCK)[:n]).float()
+    ref_back = ref_back * (torch.sign(codes.float()) if signed else 1.0)
+    assert torch.equal(back, ref_back)
+    # Encode: the nearest code of |x| / absmax (float64), but for rounding of x * (1 / absmax)
+    # across a midpoint (within one code) and below the smallest code (0 or 1).
+    unit = x.abs().double().reshape(-1) / torch.repeat_interleave(absmax.double(), BLOCK)[:n]
+    ref = _nearest_codes(unit, signed)
+    above = unit >= values[1]
+    assert (k - ref).abs().max() <= 1
+    assert (k[above] != ref[above]).float().mean() < 1e-3
+    assert bool(((k[~above] == 0) | (k[~above] == 1)).all())
+    if signed:
+        assert torch.equal(torch.sign(codes.float()), torch.sign(x) * (codes != 0))
+    # The round-trip error per element: half a step of 3 mantissa bits (1/16 relative) above the
+    # smallest code, the smallest code's value below it.
+    err = (back.double() - x.double()).abs() / torch.repeat_interleave(absmax.double(), BLOCK)[:n]
+    bound = torch.where(above, unit / 16 * (1 + 1e-6), values[1])
+    assert bool((err <= bound + 1e-12).all())
     # The absmax element itself round-trips exactly, block by block.
-    assert_close(blocks(m2.abs()).amax(1), am) and assert_close(blocks(v2).amax(1), av)
+    assert torch.equal(blocks(back.abs()).amax(1), absmax)
 
 
 def test_bf16_moments_round_stochastically_and_without_bias():
@@ -209,7 +244,7 @@ def test_state_dict_round_trips_in_all_three_directions():
     assert into_int8.state[p0]["exp_avg"].dtype == torch.int8
     m, _ = _lowbit.moments_fp32(into_int8.state[p0], p0, BLOCK)
     ref = fp32_opt.state[fp32_opt.param_groups[0]["params"][0]]["exp_avg"]
-    assert (m - ref).abs().max() <= ref.abs().max() * (1 / 127) + 1e-12
+    assert (m - ref).abs().max() <= ref.abs().max() / 32 + 1e-12  # half a step of the top binade
     into_fp32 = torchspeed.optim.AdamW([p.detach().clone() for p in params])
     into_fp32.load_state_dict(sd)
     q0 = into_fp32.param_groups[0]["params"][0]
@@ -233,12 +268,12 @@ def test_state_bytes_per_param():
 @pytest.mark.parametrize(
     "kw, error, message",
     [
-        (dict(state_dtype="int4"), ValueError, "state_dtype must be one of"),
-        (dict(state_dtype=8), TypeError, "state_dtype must be one of"),
+        (dict(state_dtype="int4"), ValueError, "state_dtype must be one of .*, got 'int4'"),
+        (dict(state_dtype=8), TypeError, "state_dtype must be a str, got int 8"),
         (dict(state_dtype="int8", amsgrad=True), ValueError, "amsgrad needs state_dtype='fp32'"),
-        (dict(state_block=100), ValueError, "state_block must be a power of two"),
-        (dict(state_block=8192), ValueError, "state_block must be a power of two"),
-        (dict(min_lowbit_numel=-1), ValueError, "min_lowbit_numel must be an int >= 0"),
+        (dict(state_block=100), ValueError, "state_block must be a power of two .*, got 100"),
+        (dict(state_block=8192), ValueError, "state_block must be a power of two .*, got 8192"),
+        (dict(min_lowbit_numel=-1), ValueError, "min_lowbit_numel must be an int >= 0, got -1"),
         (dict(min_lowbit_numel=1.5), TypeError, "min_lowbit_numel must be an int"),
     ],
 )
@@ -359,3 +394,56 @@ def test_a_small_model_learns_as_well_as_with_fp32_state(state_dtype):
     low, _ = train(state_dtype)
     assert ref < 0.2 * first  # it really learns
     assert abs(low - ref) <= 0.03 * ref, (state_dtype, low, ref)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (
+            lambda op: op.lowbit_encode(torch.randn(8, 8).t(), True, 256),
+            RuntimeError,
+            "values must be a contiguous float32 tensor",
+        ),
+        (
+            lambda op: op.lowbit_encode(torch.randn(64).double(), True, 256),
+            RuntimeError,
+            "values must be a contiguous float32 tensor",
+        ),
+        (
+            lambda op: op.lowbit_encode(torch.randn(64), True, 100),
+            ValueError,
+            "state_block must be a power of two in \\[8, 4096\\], got 100",
+        ),
+        (
+            lambda op: op.lowbit_decode(torch.zeros(600, dtype=torch.int16), torch.zeros(3), 256),
+            RuntimeError,
+            "codes must be a contiguous int8 .* or uint8",
+        ),
+        (
+            lambda op: op.lowbit_decode(torch.zeros(600, dtype=torch.int8), torch.zeros(2), 256),
+            RuntimeError,
+            r"absmax must be a contiguous float32 tensor of ceil\(600 / 256\) = 3",
+        ),
+        (
+            lambda op: op.lowbit_state_format("int4", 10, 4096, 256),
+            ValueError,
+            "state_dtype must be one of 'fp32', 'bf16', 'int8', got 'int4'",
+        ),
+    ],
+)
+def test_encode_decode_refuse_bad_input(call, error, message):
+    with pytest.raises(error, match=message):
+        call(torch.ops.torchspeed)
+
+
+def test_encode_decode_opcheck_and_state_format():
+    from torch.library import opcheck
+
+    x = torch.randn(600)
+    opcheck(torch.ops.torchspeed.lowbit_encode.default, (x, True, 256))
+    opcheck(torch.ops.torchspeed.lowbit_encode.default, (x * x, False, 256))
+    codes, absmax = torch.ops.torchspeed.lowbit_encode(x, True, 256)
+    opcheck(torch.ops.torchspeed.lowbit_decode.default, (codes, absmax, 256))
+    fmt = torch.ops.torchspeed.lowbit_state_format
+    assert fmt("int8", 4095, 4096, 256) == "fp32" and fmt("int8", 4096, 4096, 256) == "int8"
+    assert fmt("bf16", 1, 4096, 256) == "bf16"
