@@ -160,3 +160,4 @@ class TarShardDataset(torch.utils.data.Dataset):
         state = dict(self.__dict__)
         state["_files"] = {}
         return state
+
