@@ -60,6 +60,7 @@ def test_verify_measures_each_applicable_fix_beside_its_estimate(tmp_path, monke
     rows, by_fix = _rows(tmp_path, monkeypatch, _SCRIPT, 5)
     assert "done" not in capfd.readouterr().out  # the runs' stdout is dropped
     assert rows[0].fix == "as the script is" and rows[0].rule == ""
+    assert rows[-1].fix == "as the script is, again" and rows[-1].rule == ""
     # bf16 autocast: tried either way; advised only where the probe measured it faster (an
     # AMX CPU), else shown as "(not advised)" with the measurement behind that.
     amp = [r for r in rows if r.rule in ("amp", "amp_not_advised")]
