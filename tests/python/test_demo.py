@@ -156,14 +156,37 @@ def test_the_baseline_as_a_plain_script_under_the_doctor(quick, tmp_path):
     user's script; the report names its steps and, on a CPU, says what it measured about bf16
     autocast either way (advised where faster, not advised with the ratio where slower)."""
     _, cache, _ = quick
+    # The torchspeed this test imported (the module is new: an older installed package lacks it).
     e = dict(os.environ, TORCHSPEED_DEMO_DATA=str(cache))
-    e.pop("PYTHONPATH", None)
+    e["PYTHONPATH"] = os.path.dirname(os.path.dirname(torchspeed.__file__))
     r = subprocess.run(
-        [sys.executable, "-m", "torchspeed.cli", "doctor", "--steps", "6", "--stop-script",
-         "--no-trace", "--no-png", "--out", str(tmp_path / "doc"), "--",
-         "python", "-m", "torchspeed.demo.baseline_script", "--quick", "--steps", "8",
-         "--workers", "1"],
-        cwd=str(tmp_path), env=e, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "torchspeed.cli",
+            "doctor",
+            "--steps",
+            "6",
+            "--stop-script",
+            "--no-trace",
+            "--no-png",
+            "--out",
+            str(tmp_path / "doc"),
+            "--",
+            "python",
+            "-m",
+            "torchspeed.demo.baseline_script",
+            "--quick",
+            "--steps",
+            "8",
+            "--workers",
+            "1",
+        ],
+        cwd=str(tmp_path),
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.load(open(tmp_path / "doc" / "summary.json"))

@@ -160,4 +160,3 @@ class TarShardDataset(torch.utils.data.Dataset):
         state = dict(self.__dict__)
         state["_files"] = {}
         return state
-

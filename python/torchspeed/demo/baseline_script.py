@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from . import dataset, train
 from .cli import DEFAULTS
 
+
 def main(argv=None) -> int:
     """The demo's baseline training as an ordinary PyTorch script, with no torchspeed part in the
     loop, so the doctor can be tried on it as on any user's script:

@@ -581,7 +581,9 @@ class TorchHooks:
         try:
             self._probes = probe_run(model, spec, self.optimizers.items())
         except Exception as e:  # noqa: BLE001 (no measured estimates then, nothing else)
-            print(f"torchspeed: the doctor's probes failed ({type(e).__name__}: {e})", file=sys.stderr)
+            print(
+                f"torchspeed: the doctor's probes failed ({type(e).__name__}: {e})", file=sys.stderr
+            )
             self._probes = {}
         return self._probes
 

@@ -171,7 +171,7 @@ def probe_fused_optimizer(optimizer: Any) -> Optional[float]:
 
 def probe_run(model: Optional[nn.Module], spec, optimizers: Sequence[Any]) -> Dict[str, float]:
     """The doctor's probes for one run: "bf16" and "channels_last" ratios of forward+backward
-    (model probe), "fused_optimizer_s" (torchspeed's step for the first torch optimizer), on one
+    (model probe), "nchw_convs" (the model's Conv2d layers with NCHW weights), "fused_optimizer_s" (torchspeed's step for the first torch optimizer), on one
     thread; torch's thread count and global RNG state are restored after."""
     out: Dict[str, float] = {}
     threads = torch.get_num_threads()
@@ -180,6 +180,16 @@ def probe_run(model: Optional[nn.Module], spec, optimizers: Sequence[Any]) -> Di
         torch.set_num_threads(1)
         if model is not None and spec:
             out.update(probe_model(model, spec, ("bf16", "channels_last")))
+            # Kept as a number: the rules may read the facts after the model is gone.
+            out["nchw_convs"] = float(
+                sum(
+                    1
+                    for m in model.modules()
+                    if isinstance(m, nn.Conv2d)
+                    and m.weight.dim() == 4
+                    and not m.weight.is_contiguous(memory_format=torch.channels_last)
+                )
+            )
         for opt in optimizers:
             if type(opt).__module__.startswith("torchspeed."):
                 continue

@@ -376,7 +376,9 @@ def _amp(summary: Any, facts: Any) -> List[Finding]:
         else "this CPU has no native bf16 (no AVX512_BF16, no AMX: oneDNN converts to float32 and "
         "back around each bf16 op)"
     )
-    if cpu and (measured is None and not cpu_bf16 or measured is not None and measured > 1 - PROBE_MIN_GAIN):
+    if cpu and (
+        measured is None and not cpu_bf16 or measured is not None and measured > 1 - PROBE_MIN_GAIN
+    ):
         # Said, not silent: a user who knows autocast from a GPU asks why it is not advised.
         if measured is None:
             why = f"{isa}, and the model could not be measured in bf16 here"
@@ -388,7 +390,7 @@ def _amp(summary: Any, facts: Any) -> List[Finding]:
         title = "bf16 autocast is not advised on this CPU"
         fix = (
             "keep float32 here; on a CPU with AMX / AVX512_BF16 or on a GPU, "
-            'torch.autocast(device, dtype=torch.bfloat16) around forward and loss'
+            "torch.autocast(device, dtype=torch.bfloat16) around forward and loss"
         )
         return [_estimated("amp_not_advised", "info", title, fix, why + ".", step, None)]
     if cuda:
@@ -432,16 +434,17 @@ def _channels_last_cpu(summary: Any, facts: Any) -> List[Finding]:
     if getattr(facts, "device_type", None) != "cpu":
         return []
     nchw = _nchw_convs(facts)
+    # The model may be gone by the time the rules run (the script returned): the probe's count.
+    n = len(nchw) or int(_probe(facts, "nchw_convs") or 0)
     measured = _probe(facts, "channels_last")
     step = _step_s(summary)
     share, t = _compute(summary)
-    if not nchw or measured is None or measured > 1 - PROBE_MIN_GAIN:
+    if not n or measured is None or measured > 1 - PROBE_MIN_GAIN:
         return []
     if share < WARN_SHARE or t < MIN_PHASE_S:
         return []
     title = (
-        f"{len(nchw)} Conv2d layers run in NCHW; forward+backward are {_pct(share)} of the step "
-        f"({_ms(t)})"
+        f"{n} Conv2d layers run in NCHW; forward+backward are {_pct(share)} of the step ({_ms(t)})"
     )
     fix = (
         "model.to(memory_format=torch.channels_last) and each input batch "
@@ -449,7 +452,8 @@ def _channels_last_cpu(summary: Any, facts: Any) -> List[Finding]:
         "without reordering every activation"
     )
     detail = (
-        f"NCHW weights e.g. {', '.join(nchw[:3])}. Estimate: forward+backward of a copy of the "
+        f"NCHW weights e.g. {', '.join(nchw[:3]) or '(the model is gone)'}. Estimate: "
+        "forward+backward of a copy of the "
         f"model ran x{measured:.2f} of its NCHW time in channels_last (measured after the run, "
         f"at its input shape) ({_ms(t)} -> {_ms(t * measured)})."
     )

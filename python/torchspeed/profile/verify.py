@@ -232,13 +232,19 @@ def _fixes(findings: List[Finding], facts: Any) -> List[tuple]:
     from .rules import _nchw_convs
 
     rules = {f.rule for f in findings}
+    probes = getattr(facts, "probes", None) or {}
     out = []
     if "amp" in rules:
         out.append(("bf16 autocast", "amp", autocast_bf16, True))
-    elif "amp_not_advised" in rules:
+    elif "amp_not_advised" in rules or (
+        "bf16" in probes and not getattr(facts, "autocast_used", False)
+    ):
+        # Measured by the probe but not advised (slower, or forward+backward too small a part
+        # of the step for the rule): tried, so the measurement shows.
         out.append(("bf16 autocast (not advised)", "amp_not_advised", autocast_bf16, False))
     if "channels_last" in rules or (
-        getattr(facts, "device_type", "cpu") == "cpu" and _nchw_convs(facts)
+        getattr(facts, "device_type", "cpu") == "cpu"
+        and (_nchw_convs(facts) or probes.get("nchw_convs"))
     ):
         advised = "channels_last" in rules
         name = "channels_last" + ("" if advised else " (not advised)")
@@ -247,7 +253,6 @@ def _fixes(findings: List[Finding], facts: Any) -> List[tuple]:
         out.append(("cudnn.benchmark", "cudnn_benchmark", cudnn_benchmark, True))
     # A torch optimizer with a torchspeed counterpart was seen: the probe timed that counterpart
     # (the optimizer objects may be gone by now, with the script's frames).
-    probes = getattr(facts, "probes", None) or {}
     if "optimizer" in rules or "clip_into_optimizer" in rules or "fused_optimizer_s" in probes:
         fold = "clip_into_optimizer" in rules
         name = "torchspeed optimizer" + (" + max_grad_norm" if fold else "")

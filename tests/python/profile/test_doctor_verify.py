@@ -5,7 +5,6 @@ import textwrap
 
 import torch
 from profile_helpers import _assert_hooks_removed
-
 from torch import nn
 
 from torchspeed.profile import _doctor

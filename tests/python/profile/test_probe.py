@@ -6,13 +6,12 @@ timings); the probe tests check what it measures is consistent, not how fast thi
 
 import pytest
 import torch
+from test_advice import REL, _by_rule, make_summary
 from torch import nn
 
 from torchspeed.profile import probe, rules
 from torchspeed.profile.advice import advise
 from torchspeed.profile.summary import RunFacts
-
-from test_advice import REL, _by_rule, make_summary
 
 
 def _convnet():
@@ -81,6 +80,9 @@ def test_channels_last_on_cpu_fires_only_when_measured_faster_with_nchw_convs():
         ),  # already channels_last
     ):
         assert "channels_last" not in _by_rule(advise(s, facts)), facts
+    # The model gone (the script returned): the probe's count of NCHW convs still speaks.
+    gone = _by_rule(advise(s, RunFacts(probes={"channels_last": 0.7, "nchw_convs": 3.0})))
+    assert gone["channels_last"].title.startswith("3 Conv2d layers run in NCHW")
 
 
 def test_optimizer_estimate_is_the_phase_minus_the_measured_fused_step():
@@ -125,7 +127,8 @@ def test_probe_measures_ratios_and_restores_rng_and_threads():
     for a, b in zip(before, model.parameters()):
         assert torch.equal(a, b.detach()) and b.grad is None
     assert not model[0].weight.is_contiguous(memory_format=torch.channels_last)
-    assert set(out) == {"bf16", "channels_last", "fused_optimizer_s"}
+    assert set(out) == {"bf16", "channels_last", "fused_optimizer_s", "nchw_convs"}
+    assert out["nchw_convs"] == 2
     # Ratios of the same work in another form: finite and within a wide band on any CPU.
     for k in ("bf16", "channels_last"):
         assert 0.05 < out[k] < 100, out
