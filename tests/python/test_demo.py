@@ -129,3 +129,67 @@ def test_bad_options_are_usage_errors(tmp_path):
     assert r.returncode == 2 and "--device" in r.stderr
     r = _run(["--help"], cwd=str(tmp_path))
     assert r.returncode == 0 and "--with-doctor-fixes" in r.stdout and "--benchmarks" in r.stdout
+
+
+def test_the_third_run_applies_what_the_doctor_advised_and_only_that(quick):
+    """The doctor's findings on the baseline decide the third run's fixes (decisions, not
+    timings): channels_last advised -> a channels_last model; not advised -> NCHW, said in the
+    notes; bf16 autocast not advised on this CPU -> float32, said too."""
+    _, cache, _ = quick
+    from torchspeed.demo import dataset, train
+
+    m = dataset.prepare("quick", str(cache), progress=False)
+    cfg = train.Config(
+        device="cpu", steps=2, batch_size=8, image_size=32, workers=1, progress=False
+    )
+    advised = train.run("doctor_fixes", cfg, m, ["channels_last", "amp_not_advised"])
+    assert any(n.startswith("channels_last model") for n in advised.notes), advised.notes
+    assert any("does not advise bf16" in n for n in advised.notes), advised.notes
+    assert all(math.isfinite(x) for x in advised.losses)
+    plain = train.run("doctor_fixes", cfg, m, [])
+    assert any("did not advise channels_last" in n for n in plain.notes), plain.notes
+    assert not any(n.startswith("channels_last model") for n in plain.notes)
+
+
+def test_the_baseline_as_a_plain_script_under_the_doctor(quick, tmp_path):
+    """`torchspeed doctor -- python -m torchspeed.demo.baseline_script`: the demo's baseline as a
+    user's script; the report names its steps and, on a CPU, says what it measured about bf16
+    autocast either way (advised where faster, not advised with the ratio where slower)."""
+    _, cache, _ = quick
+    # The torchspeed this test imported (the module is new: an older installed package lacks it).
+    e = dict(os.environ, TORCHSPEED_DEMO_DATA=str(cache))
+    e["PYTHONPATH"] = os.path.dirname(os.path.dirname(torchspeed.__file__))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchspeed.cli",
+            "doctor",
+            "--steps",
+            "6",
+            "--stop-script",
+            "--no-trace",
+            "--no-png",
+            "--out",
+            str(tmp_path / "doc"),
+            "--",
+            "python",
+            "-m",
+            "torchspeed.demo.baseline_script",
+            "--quick",
+            "--steps",
+            "8",
+            "--workers",
+            "1",
+        ],
+        cwd=str(tmp_path),
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.load(open(tmp_path / "doc" / "summary.json"))
+    rules = {f["rule"] for f in s["findings"]}
+    assert s["steps"] >= 1 and not {"amp", "amp_not_advised"} <= rules, rules
+    assert "where the forward time goes" in r.stderr

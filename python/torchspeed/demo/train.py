@@ -284,19 +284,29 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
     device = torch.device(cfg.device)
     cuda = device.type == "cuda"
     fixes = kind == "doctor_fixes"
+    cl = False  # channels_last model and inputs
     notes: List[str] = []
     torch.manual_seed(cfg.seed)
     model = SmallResNet(len(manifest["classes"]), cfg.width).to(device)
     prev_benchmark = torch.backends.cudnn.benchmark
     if fixes:
-        model = model.to(memory_format=torch.channels_last)
-        notes.append("channels_last model and inputs")
+        # What the doctor advised for the baseline run, each measured on this machine first on
+        # the CPU (profile/probe.py); `torchspeed doctor --verify` checks the same fixes.
+        cl = "channels_last" in advice_rules
+        if cl:
+            notes.append("channels_last model and inputs (the doctor's channels_last advice)")
+        else:
+            notes.append("NCHW: the doctor did not advise channels_last")
         if cuda:
             torch.backends.cudnn.benchmark = True
             notes.append("cudnn.benchmark")
         if "amp" in advice_rules and cfg.amp == "off":
             cfg = dataclasses.replace(cfg, amp="fp16" if cuda else "bf16")
             notes.append(f"autocast {cfg.amp} (the doctor's amp advice)")
+        elif "amp_not_advised" in advice_rules:
+            notes.append("float32: the doctor does not advise bf16 autocast on this CPU")
+        if cl:
+            model = model.to(memory_format=torch.channels_last)
     hyper = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
     t_setup = time.perf_counter()
     if kind == "baseline":
@@ -307,8 +317,8 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         from ..optim import AdamW
 
         opt = AdamW(model.parameters(), **hyper)
-        dl, vdl = _native_loaders(cfg, manifest, cfg.seed, channels_last=fixes)
-        prepare = _GpuNormalize(device, fixes) if cuda else None
+        dl, vdl = _native_loaders(cfg, manifest, cfg.seed, channels_last=cl)
+        prepare = _GpuNormalize(device, cl) if cuda else None
     # Reported next to the training wall time, not inside it (the same rule for every run).
     setup_s = time.perf_counter() - t_setup
     # The same schedule in every run (torch's LambdaLR drives either optimizer): linear warmup
@@ -319,7 +329,10 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
     to_device = kind == "baseline" and cuda  # torchspeed's loader prefetches on a side stream
 
     prof = tsp.StepProfiler(
-        hooks=True, device="cuda" if cuda else "cpu", warmup=min(5, cfg.steps // 5)
+        hooks=True,
+        device="cuda" if cuda else "cpu",
+        warmup=min(5, cfg.steps // 5),
+        probe=kind == "baseline",  # the doctor's measured estimates, for the third run's fixes
     )
     bar = _bar(cfg.steps, cfg.progress, labels[kind])
     losses: List[torch.Tensor] = []
@@ -349,7 +362,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
                         x = x.to(device, non_blocking=True)
                         y = y.to(device, non_blocking=True)
                 with tsp.phase("forward"):
-                    x = _model_input(x, prepare, fixes)
+                    x = _model_input(x, prepare, cl)
                     with _autocast(cfg):
                         loss = F.cross_entropy(model(x), y)
                 with tsp.phase("backward"):
@@ -389,7 +402,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         for x, y in vdl:
             if to_device:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            x = _model_input(x, prepare, fixes)
+            x = _model_input(x, prepare, cl)
             correct += int((model(x).argmax(1) == y).sum())
             total += int(y.shape[0])
     eval_s = time.perf_counter() - t1

@@ -115,6 +115,7 @@ def doctor(
     progress: bool = True,
     file=None,
     then: str = "stop",
+    probe: bool = True,
 ) -> Iterator[StepProfiler]:
     """Profiles the block with torch's hooks and prints the breakdown, where the time goes inside
     forward and backward, and the advice to ``file`` (stdout), writing them to ``out`` too (None:
@@ -140,7 +141,9 @@ def doctor(
         # Before the run, so an unwritable folder fails now rather than after the training.
         created = not os.path.exists(out)
         os.makedirs(out, exist_ok=True)
-    prof = StepProfiler(hooks=True, step_on="auto", device=device, warmup=warmup, attribute=True)
+    prof = StepProfiler(
+        hooks=True, step_on="auto", device=device, warmup=warmup, attribute=True, probe=probe
+    )
     bar = _Progress(steps, progress)
     stream = file or sys.stdout
     finished = []
@@ -292,34 +295,50 @@ def _execute(argv: List[str]) -> int:
     return status
 
 
-def run_verify(argv: List[str], steps: int = 8, warmup: int = 1, file=None) -> int:
-    """``torchspeed doctor --verify``: runs the script's first ``steps`` steps as it is, then
-    again with each fix its findings call for (verify.py), and prints each fix's measured gain
-    beside the estimate and the loss drift. The script's stdout during these runs is dropped
-    (it runs several times); returns 0, or the baseline run's exit status when it fails."""
+def verify_script(argv: List[str], steps: int = 8, warmup: int = 1) -> tuple:
+    """The rows of ``torchspeed doctor --verify`` (verify.VerifyRow: the script as it is, then
+    one per fix that applies) and the first failing run's exit status (0 when none failed)."""
     import io
 
-    from .verify import format_rows, losses_recorded, verify
+    from .verify import losses_recorded, verify
 
     argv = check_command(argv)
-    stream = file or sys.stdout
-    failed = []
+    failed: List[int] = []
 
-    def run_steps(ctx):
+    def run_steps(ctx, advise):
         losses: List[float] = []
         with ctx, losses_recorded(losses), contextlib.redirect_stdout(io.StringIO()):
             with doctor(
-                steps=steps, out=None, progress=False, file=io.StringIO(), warmup=warmup
+                steps=steps,
+                out=None,
+                progress=False,
+                file=io.StringIO(),
+                warmup=warmup,
+                probe=advise,
             ) as prof:
                 code = _execute(argv)
                 if code:
                     failed.append(code)
         s = prof.summary(gather=False)
-        return s.step_median_s, losses, prof.advice(s), s.phases["data_wait"].median_s
+        if not advise:
+            return s, losses, [], None
+        return s, losses, prof.advice(s), prof.facts()
 
     rows = verify(run_steps)
+    return rows, (failed[0] if failed else 0)
+
+
+def run_verify(argv: List[str], steps: int = 8, warmup: int = 1, file=None) -> int:
+    """``torchspeed doctor --verify``: runs the script's first ``steps`` steps as it is, then
+    again with each fix that applies (verify.py), and prints each fix's measured gain beside the
+    estimate and the loss drift. The script's stdout during these runs is dropped (it runs
+    several times); returns 0, or the first failing run's exit status."""
+    from .verify import format_rows
+
+    stream = file or sys.stdout
+    rows, failed = verify_script(argv, steps=steps, warmup=warmup)
     if failed:
-        print(f"torchspeed doctor --verify: the script exited with {failed[0]}", file=stream)
-        return failed[0]
+        print(f"torchspeed doctor --verify: the script exited with {failed}", file=stream)
+        return failed
     print(format_rows(rows, steps), file=stream, flush=True)
     return 0

@@ -128,6 +128,10 @@ class TorchHooks:
         self.loaders = _WeakSet()
         self.autocast_used = False
         self.shapes: Dict[int, set] = {}
+        self.input_specs: Dict[int, list] = {}
+        self.removed = False
+        self.probe = bool(getattr(profiler, "probe", False))
+        self._probes: Optional[Dict[str, float]] = None
         self.depth = 0
         self.fwd_host_ns = 0
         self.fwd_calls_in_discovery = 0
@@ -220,6 +224,10 @@ class TorchHooks:
             self.autocast_used = True
         if module.training:
             self.shapes.setdefault(id(module), set()).add(_shapes(args))
+            if id(module) not in self.input_specs:  # the probes' synthetic inputs (probe.py)
+                self.input_specs[id(module)] = [
+                    (tuple(a.shape), a.dtype) for a in args if isinstance(a, torch.Tensor)
+                ]
         self._fwd_t0 = _P.now_ns()
         _ranges._enter(_NAMES["forward"], _IDS["forward"])
 
@@ -533,6 +541,7 @@ class TorchHooks:
             self._warning_filter = None
         if self in _active_hooks:
             _active_hooks.remove(self)
+        self.removed = True
 
     def on_step(self) -> None:
         self.steps_seen += 1
@@ -557,6 +566,26 @@ class TorchHooks:
         except Exception as e:  # noqa: BLE001 (the profiler's error: no attribution then)
             print(f"torchspeed: no module attribution ({type(e).__name__}: {e})", file=sys.stderr)
             return None
+
+    def _probe(self, models: List[Any], device_type: str) -> Dict[str, float]:
+        """probe.py's measurements, once, on the CPU, after the hooks are gone (before, the
+        probe's forwards would count as the script's steps): {} until then."""
+        if self._probes is not None:
+            return self._probes
+        if not self.removed or device_type != "cpu":
+            return {}
+        from .probe import probe_run
+
+        model = next((m for m in models if self.input_specs.get(id(m))), None)
+        spec = self.input_specs.get(id(model)) if model is not None else None
+        try:
+            self._probes = probe_run(model, spec, self.optimizers.items())
+        except Exception as e:  # noqa: BLE001 (no measured estimates then, nothing else)
+            print(
+                f"torchspeed: the doctor's probes failed ({type(e).__name__}: {e})", file=sys.stderr
+            )
+            self._probes = {}
+        return self._probes
 
     def facts(self) -> RunFacts:
         models = self.models.items()
@@ -609,6 +638,7 @@ class TorchHooks:
             step_source=self.step_source or ("manual" if self.prof.step_on is None else ""),
             closure_forwards_per_step=self.closure_forwards / max(self.steps_seen, 1),
             attribution=self._attribution(models),
+            probes=dict(self._probe(models, device_type)) if self.probe else {},
         )
 
 

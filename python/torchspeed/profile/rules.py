@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.fx
@@ -99,6 +99,11 @@ ACCUM_K = 4
 # Planning figures (brief), not measured in this repo.
 AMP_CUDA = 0.5
 AMP_CPU_BF16 = 0.7
+# On a CPU the doctor measures instead (probe.py: a copy of the model, forward+backward at the
+# run's input shape, in each variant against float32): a fix is advised only when the probe ran
+# at least 10 % faster with it, beyond the probe's repeat-to-repeat spread (a few % under load,
+# the minimum of 3 interleaved repeats). Our choice.
+PROBE_MIN_GAIN = 0.10
 # cudnn.benchmark picks the fastest conv algorithm per shape once; with fixed shapes that saves
 # ~10 % of forward+backward on conv nets. Planning figure (brief).
 CUDNN_BENCHMARK = 0.9
@@ -212,14 +217,28 @@ def _data_wait(summary: Any, facts: Any) -> List[Finding]:
     ]
 
 
-def _optimizer(summary: Any, facts: Any) -> List[Finding]:
+def _optimizer(summary: Any, facts: Any, floor: bool = True) -> List[Finding]:
+    """floor=False (--verify): the estimate even below the share thresholds, as "info"."""
     step, share, t = _step_s(summary), _share(summary, "optimizer"), _phase_s(summary, "optimizer")
     sev = _severity(share, t)
     if sev is None:
-        return []
+        if floor or t <= 0:
+            return []
+        sev = "info"
     opts = [(o, _optimizer_kind(o)) for o in _list(facts, "optimizers")]
     opts = [(o, k) for o, k in opts if k is not None]
     title = _phase_title(summary, "optimizer")
+    fused_s = _probe(facts, "fused_optimizer_s")
+    if not opts and fused_s is not None:
+        # The objects are gone with the script's frames; the probe timed the torchspeed
+        # counterpart of the torch SGD / Adam / AdamW it saw while they were alive.
+        after = min(fused_s, t)
+        fix = "torchspeed.optim's fused counterpart of the torch optimizer (drop-in)"
+        detail = (
+            f"Estimate: torchspeed's fused step over the run's parameter shapes took "
+            f"{_ms(fused_s)} here (measured after the run) ({_ms(t)} -> {_ms(after)})."
+        )
+        return [_estimated("optimizer", sev, title, fix, detail, step, t - after)]
     if not opts:
         fix = "a fused optimizer: torchspeed.optim.AdamW / SGD / Adam / Lion / LAMB (drop-in)"
         detail = (
@@ -241,6 +260,15 @@ def _optimizer(summary: Any, facts: Any) -> List[Finding]:
         " / ".join(f"torchspeed.optim.{n}" for n in names)
         + " (drop-in, fused: one kernel per bucket of params)"
     )
+    if len(opts) == 1 and fused_s is not None:
+        # Measured: torchspeed's step over zero tensors of the run's parameter shapes.
+        after = min(fused_s, t)
+        detail = (
+            f"optimizers: {kinds}. Estimate: torchspeed's fused step over the run's "
+            f"parameter shapes took {_ms(fused_s)} here (measured after the run) "
+            f"({_ms(t)} -> {_ms(after)})."
+        )
+        return [_estimated("optimizer", sev, title, fix, detail, step, t - after)]
     # Several optimizers: assume the phase splits evenly between them (their times are not known).
     factor = sum(_optimizer_factor(k) for _, k in opts) / len(opts)
     detail = (
@@ -319,11 +347,19 @@ def _low_precision_model(facts: Any) -> bool:
     return False
 
 
+def _probe(facts: Any, key: str) -> Optional[float]:
+    """A probe.py measurement (a ratio or seconds), None when not measured."""
+    probes = getattr(facts, "probes", None)
+    v = _num(probes.get(key) if isinstance(probes, dict) else None, -1.0)
+    return v if v > 0 else None
+
+
 def _amp(summary: Any, facts: Any) -> List[Finding]:
     if getattr(facts, "autocast_used", False) is not False:  # used, or unknown: quiet
         return []
     cuda, cpu_bf16 = _cuda(facts), bool(getattr(facts, "bf16_capable_cpu", False))
-    if not cuda and not (getattr(facts, "device_type", None) == "cpu" and cpu_bf16):
+    cpu = getattr(facts, "device_type", None) == "cpu"
+    if not cuda and not cpu:
         return []
     if _low_precision_model(facts):  # model.bfloat16() / .half(): already runs in 16 bits
         return []
@@ -331,7 +367,42 @@ def _amp(summary: Any, facts: Any) -> List[Finding]:
     share, t = _compute(summary)
     if share < AMP_MIN_COMPUTE_SHARE or t < MIN_PHASE_S:
         return []
-    factor = AMP_CUDA if cuda else AMP_CPU_BF16
+    measured = None if cuda else _probe(facts, "bf16")
+    if cpu and measured is None and not cpu_bf16 and not _models(facts):
+        return []  # no model seen (facts from elsewhere): nothing to say about its precision
+    isa = (
+        "this CPU has native bf16 (AVX512_BF16 / AMX)"
+        if cpu_bf16
+        else "this CPU has no native bf16 (no AVX512_BF16, no AMX: oneDNN converts to float32 and "
+        "back around each bf16 op)"
+    )
+    if cpu and (
+        measured is None and not cpu_bf16 or measured is not None and measured > 1 - PROBE_MIN_GAIN
+    ):
+        # Said, not silent: a user who knows autocast from a GPU asks why it is not advised.
+        if measured is None:
+            why = f"{isa}, and the model could not be measured in bf16 here"
+        else:
+            why = (
+                f"forward+backward of a copy of the model ran {measured:.2f}x as long under "
+                f"bf16 autocast as in float32 (measured after the run, at its input shape); {isa}"
+            )
+        title = "bf16 autocast is not advised on this CPU"
+        fix = (
+            "keep float32 here; on a CPU with AMX / AVX512_BF16 or on a GPU, "
+            "torch.autocast(device, dtype=torch.bfloat16) around forward and loss"
+        )
+        return [_estimated("amp_not_advised", "info", title, fix, why + ".", step, None)]
+    if cuda:
+        factor, basis = AMP_CUDA, f"x{AMP_CUDA} of forward+backward (planning figure)"
+    elif measured is not None:
+        factor = measured
+        basis = (
+            f"forward+backward of a copy of the model ran x{measured:.2f} of its float32 time "
+            "under bf16 autocast (measured after the run, at its input shape)"
+        )
+    else:
+        factor, basis = AMP_CPU_BF16, f"x{AMP_CPU_BF16} of forward+backward (planning figure)"
     where = "cuda" if cuda else "cpu"
     title = (
         f"forward+backward are {_pct(share)} of the step ({_ms(t)} of {_ms(step)}) in full "
@@ -341,10 +412,52 @@ def _amp(summary: Any, facts: Any) -> List[Finding]:
     if cuda:
         fix += " (or float16 with torch.amp.GradScaler)"
     detail = (
-        f"device={where}{', CPU with native bf16' if not cuda else ''}. Estimate: x{factor} of "
-        f"forward+backward ({_ms(t)} -> {_ms(t * factor)})."
+        f"device={where}{'' if cuda else '; ' + isa}. Estimate: {basis} "
+        f"({_ms(t)} -> {_ms(t * factor)})."
     )
     return [_estimated("amp", "warning", title, fix, detail, step, t * (1.0 - factor))]
+
+
+def _nchw_convs(facts: Any) -> List[str]:
+    out = []
+    for name, m in _modules_of(facts, (nn.Conv2d,)):
+        w = getattr(m, "weight", None)
+        if isinstance(w, torch.Tensor) and w.dim() == 4:
+            if not w.is_contiguous(memory_format=torch.channels_last):
+                out.append(name or "(root)")
+    return out
+
+
+def _channels_last_cpu(summary: Any, facts: Any) -> List[Finding]:
+    """CPU: NCHW convolutions, and a probe that measured the model faster in channels_last (on
+    CUDA the channels_last lint speaks, without an estimate)."""
+    if getattr(facts, "device_type", None) != "cpu":
+        return []
+    nchw = _nchw_convs(facts)
+    # The model may be gone by the time the rules run (the script returned): the probe's count.
+    n = len(nchw) or int(_probe(facts, "nchw_convs") or 0)
+    measured = _probe(facts, "channels_last")
+    step = _step_s(summary)
+    share, t = _compute(summary)
+    if not n or measured is None or measured > 1 - PROBE_MIN_GAIN:
+        return []
+    if share < WARN_SHARE or t < MIN_PHASE_S:
+        return []
+    title = (
+        f"{n} Conv2d layers run in NCHW; forward+backward are {_pct(share)} of the step ({_ms(t)})"
+    )
+    fix = (
+        "model.to(memory_format=torch.channels_last) and each input batch "
+        ".contiguous(memory_format=torch.channels_last): oneDNN's convolutions run in NHWC "
+        "without reordering every activation"
+    )
+    detail = (
+        f"NCHW weights e.g. {', '.join(nchw[:3]) or '(the model is gone)'}. Estimate: "
+        "forward+backward of a copy of the "
+        f"model ran x{measured:.2f} of its NCHW time in channels_last (measured after the run, "
+        f"at its input shape) ({_ms(t)} -> {_ms(t * measured)})."
+    )
+    return [_estimated("channels_last", "warning", title, fix, detail, step, t * (1 - measured))]
 
 
 def _cudnn_benchmark(summary: Any, facts: Any) -> List[Finding]:
@@ -592,6 +705,7 @@ def _breakdown(summary: Any, facts: Any) -> List[Finding]:
             _h2d,
             _comm,
             _amp,
+            _channels_last_cpu,
             _cudnn_benchmark,
             _launch_bound,
             _contention,
@@ -600,6 +714,22 @@ def _breakdown(summary: Any, facts: Any) -> List[Finding]:
             out += rule(summary, facts)
         out += _gpu_idle(summary, facts, out)
     out += _straggler(summary)
+    return out
+
+
+def verify_estimates(summary: Any, facts: Any) -> Dict[str, Optional[float]]:
+    """Signed seconds per step each fix would save by the doctor's measurements (negative: a
+    loss), for --verify, whether or not a rule advises it: "amp" and "channels_last" from the
+    probes' ratios on forward+backward, "optimizer" below the share threshold too. None: not
+    measured."""
+    _, t = _compute(summary)
+    out: Dict[str, Optional[float]] = {}
+    for key, rule in (("bf16", "amp"), ("channels_last", "channels_last")):
+        r = _probe(facts, key)
+        out[rule] = t * (1 - r) if r is not None else None
+    out["amp_not_advised"] = out["amp"]
+    opt = _optimizer(summary, facts, floor=False)
+    out["optimizer"] = opt[0].est_gain_s if opt and opt[0].est_step_s is not None else None
     return out
 
 

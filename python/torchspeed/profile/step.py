@@ -156,6 +156,10 @@ class StepProfiler:
         attribute: with hooks, time each module's forward in two sampled steps and record the
             next step's operators with torch.profiler: the report names the dominant layers
             and operators (what the doctor does).
+        probe: with hooks, after the run (the first ``facts()``/``advice()`` after ``stop()``),
+            measure a copy of the model in bf16 and channels_last and torchspeed's fused
+            optimizer over the run's parameter shapes, on the CPU (profile/probe.py): the
+            doctor's estimates for those fixes then come from this machine (what the doctor does).
     """
 
     def __init__(
@@ -168,6 +172,7 @@ class StepProfiler:
         warmup: int = 1,
         nvtx: bool = False,
         attribute: bool = False,
+        probe: bool = False,
     ):
         name = "torchspeed.profile.StepProfiler"
         if step_on not in (None, "optimizer", "auto"):
@@ -196,6 +201,7 @@ class StepProfiler:
         self._want_hooks = hooks
         self._nvtx = nvtx
         self.attribute = bool(attribute)
+        self.probe = bool(probe)
         self._thread: Optional[int] = None
         self._state = "new"  # "new" -> "running" -> "stopped"; a profiler runs once
         self.steps_taken = 0  # step() calls (CUDA steps are in history() once their events resolve)

@@ -182,6 +182,11 @@ class RunFacts:
     closure_forwards_per_step: float = 0.0
     #: The modules and operators that took the most time in the sampled steps (Attribution).
     attribution: Optional[Any] = None
+    #: Measured on this machine after the run (probe.py; CPU only, {} when not measured):
+    #:   bf16               forward+backward of a copy of the model under bf16 autocast / fp32
+    #:   channels_last      the same in channels_last / NCHW (models with Conv2d layers)
+    #:   fused_optimizer_s  one step of torchspeed's fused optimizer over the run's parameters
+    probes: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """`torchspeed doctor --verify`: the script's first steps as it is, then once per applicable fix
 applied from outside; each fix's measured gain beside its estimate and the loss drift."""
 
-import io
 import textwrap
 
 import torch
 from profile_helpers import _assert_hooks_removed
+from torch import nn
 
 from torchspeed.profile import _doctor
 
@@ -31,27 +31,93 @@ print("done")
 """
 
 
-def test_verify_measures_each_applicable_fix_beside_its_estimate(tmp_path, monkeypatch, capfd):
+_CONV_SCRIPT = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+x, y = torch.randn(8, 3, 24, 24), torch.arange(8) % 10
+for _ in range(8):
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+def _rows(tmp_path, monkeypatch, source, steps):
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(_SCRIPT))
+    script.write_text(textwrap.dedent(source))
     monkeypatch.chdir(tmp_path)
-    out = io.StringIO()
-    assert _doctor.run_verify(["python", str(script)], steps=5, file=out) == 0
-    text = out.getvalue()
+    rows, failed = _doctor.verify_script(["python", str(script)], steps=steps)
+    assert failed == 0
+    return rows, {r.fix: r for r in rows}
+
+
+def test_verify_measures_each_applicable_fix_beside_its_estimate(tmp_path, monkeypatch, capfd):
+    rows, by_fix = _rows(tmp_path, monkeypatch, _SCRIPT, 5)
     assert "done" not in capfd.readouterr().out  # the runs' stdout is dropped
-    rows = {line[2:38].strip(): line for line in text.splitlines()[2:]}
-    assert "as the script is" in rows, text
+    assert rows[0].fix == "as the script is" and rows[0].rule == ""
+    assert rows[-1].fix == "as the script is, again" and rows[-1].rule == ""
+    # bf16 autocast: tried either way; advised only where the probe measured it faster (an
+    # AMX CPU), else shown as "(not advised)" with the measurement behind that.
+    amp = [r for r in rows if r.rule in ("amp", "amp_not_advised")]
+    assert len(amp) == 1 and amp[0].advised == (amp[0].rule == "amp"), amp
+    assert amp[0].phases == ("forward", "backward") and amp[0].estimated_gain_s is not None
     # clip_grad_norm_ + torch's AdamW: torchspeed's AdamW with the clip folded in; same math,
     # so the loss hardly drifts (the fused step rounds differently: well under 0.1 %).
-    opt_row = rows["torchspeed optimizer + max_grad_norm"]
-    drift = float(opt_row.split()[-2])
-    assert drift < 0.1, opt_row
+    opt_row = by_fix["torchspeed optimizer + max_grad_norm"]
+    assert opt_row.loss_drift < 1e-3 and opt_row.phases == ("optimizer",)
+    assert opt_row.estimated_gain_s is not None  # the probe timed torchspeed's step
+    # No convolution: no channels_last trial.
+    assert not any(r.rule == "channels_last" for r in rows)
     # num_workers=0 with 16 ms of per-batch work in the training process: more workers, and the
     # headspace run (the data in memory) whose gain is about the whole data wait.
-    assert any(k.endswith("loader workers") for k in rows), text
-    head = rows["headspace (data in memory)"]
-    gain_ms = float(head.split("ms")[1].split()[-1])
-    assert gain_ms > 8.0, head  # 16 samples x 1 ms of busy work per batch, less noise
+    assert any(k.endswith("loader workers") for k in by_fix), by_fix
+    head = by_fix["headspace (data in memory)"]
+    assert head.phase_gain_s > 0.008, head  # 16 samples x 1 ms of busy work per batch, less noise
+    text = _doctor_verify_text(rows)
+    for r in rows:
+        assert r.fix in text
     _assert_hooks_removed()
     for name in ("AdamW", "SGD", "Adam"):
         assert getattr(torch.optim, name).__module__.startswith("torch.optim")
+
+
+def _doctor_verify_text(rows):
+    from torchspeed.profile.verify import format_rows
+
+    text = format_rows(rows, 5)
+    assert "phase gain" in text and "estimated" in text and "est/meas" in text
+    return text
+
+
+def test_verify_tries_channels_last_on_a_cpu_conv_net(tmp_path, monkeypatch):
+    rows, by_fix = _rows(tmp_path, monkeypatch, _CONV_SCRIPT, 5)
+    cl = [r for r in rows if r.rule == "channels_last"]
+    assert len(cl) == 1, rows
+    cl = cl[0]
+    assert cl.fix == ("channels_last" if cl.advised else "channels_last (not advised)")
+    assert cl.estimated_gain_s is not None  # the probe measured the model in both layouts
+    # The same math in another memory layout: the losses agree to rounding.
+    assert cl.loss_drift is not None and cl.loss_drift < 1e-3, cl
+    # SGD with a torchspeed counterpart: tried too, below the threshold or not.
+    assert any(r.rule == "optimizer" for r in rows)
+    _assert_hooks_removed()
+
+
+def test_channels_last_trial_converts_the_model_and_inputs_and_unhooks():
+    from torchspeed.profile.verify import channels_last
+
+    seen = []
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    model.register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+    params = list(model.parameters())
+    with channels_last():
+        model(torch.randn(2, 3, 8, 8))
+    assert seen[0].is_contiguous(memory_format=torch.channels_last)
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert all(a is b for a, b in zip(params, model.parameters()))  # the optimizer's objects
+    model(torch.randn(2, 3, 8, 8))
+    assert not seen[1].is_contiguous(memory_format=torch.channels_last)  # the hook is gone

@@ -1,0 +1,150 @@
+"""The doctor's probes (torchspeed.profile.probe) and the rules that read them: bf16 autocast is
+advised on a CPU only where the probe measured it faster (else the report says why not), a CPU
+conv net gets channels_last where the probe measured it faster, and the optimizer estimate is the
+phase minus torchspeed's measured step. Rule tests feed fixed probe values (decisions, not
+timings); the probe tests check what it measures is consistent, not how fast this machine is."""
+
+import pytest
+import torch
+from test_advice import REL, _by_rule, make_summary
+from torch import nn
+
+from torchspeed.profile import probe, rules
+from torchspeed.profile.advice import advise
+from torchspeed.profile.summary import RunFacts
+
+
+def _convnet():
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
+    )
+
+
+# ---- rules over fixed probe values ------------------------------------------------------------
+_S = dict(step_s=0.100, phase_s={"forward": 0.030, "backward": 0.050, "optimizer": 0.010})
+
+
+def test_bf16_slower_on_this_cpu_is_not_advised_and_says_why():
+    s = make_summary(**_S)
+    out = _by_rule(advise(s, RunFacts(models=[_convnet()], probes={"bf16": 4.0})))
+    assert "amp" not in out
+    f = out["amp_not_advised"]
+    assert f.severity == "info" and f.est_gain_s == 0.0
+    assert "4.00x as long" in f.detail and "keep float32" in f.fix
+    # Native bf16 claimed by cpuinfo, but the measurement says slower: the measurement wins.
+    out = _by_rule(
+        advise(s, RunFacts(models=[_convnet()], bf16_capable_cpu=True, probes={"bf16": 1.2}))
+    )
+    assert "amp" not in out and "native bf16" in out["amp_not_advised"].detail
+
+
+def test_bf16_measured_faster_is_advised_with_the_measured_ratio():
+    s = make_summary(**_S)
+    f = _by_rule(advise(s, RunFacts(models=[_convnet()], probes={"bf16": 0.6})))["amp"]
+    assert f.est_gain_s == pytest.approx(0.080 * 0.4, rel=REL)
+    assert "x0.60" in f.detail
+    # Within the probe's spread of float32 (under 10 % faster): not advised.
+    out = _by_rule(advise(s, RunFacts(models=[_convnet()], probes={"bf16": 0.95})))
+    assert "amp" not in out and "amp_not_advised" in out
+
+
+def test_bf16_unmeasured_falls_back_to_the_cpu_flags():
+    s = make_summary(**_S)
+    no_native = _by_rule(advise(s, RunFacts(models=[_convnet()])))
+    assert "amp" not in no_native and "no native bf16" in no_native["amp_not_advised"].detail
+    native = _by_rule(advise(s, RunFacts(models=[_convnet()], bf16_capable_cpu=True)))
+    assert native["amp"].est_gain_s == pytest.approx(0.080 * (1 - rules.AMP_CPU_BF16), rel=REL)
+    # No model seen: nothing to say about its precision.
+    assert "amp_not_advised" not in _by_rule(advise(s, RunFacts()))
+
+
+def test_channels_last_on_cpu_fires_only_when_measured_faster_with_nchw_convs():
+    s = make_summary(**_S)
+    f = _by_rule(advise(s, RunFacts(models=[_convnet()], probes={"channels_last": 0.7})))
+    cl = f["channels_last"]
+    assert cl.kind == "breakdown" and cl.est_gain_s == pytest.approx(0.080 * 0.3, rel=REL)
+    assert "2 Conv2d layers run in NCHW" in cl.title
+    for facts in (
+        RunFacts(models=[_convnet()], probes={"channels_last": 0.97}),  # not faster enough
+        RunFacts(models=[_convnet()]),  # not measured
+        RunFacts(models=[nn.Linear(4, 4)], probes={"channels_last": 0.7}),  # no conv
+        RunFacts(
+            models=[_convnet().to(memory_format=torch.channels_last)],
+            probes={"channels_last": 0.7},
+        ),  # already channels_last
+    ):
+        assert "channels_last" not in _by_rule(advise(s, facts)), facts
+    # The model gone (the script returned): the probe's count of NCHW convs still speaks.
+    gone = _by_rule(advise(s, RunFacts(probes={"channels_last": 0.7, "nchw_convs": 3.0})))
+    assert gone["channels_last"].title.startswith("3 Conv2d layers run in NCHW")
+
+
+def test_optimizer_estimate_is_the_phase_minus_the_measured_fused_step():
+    model = _convnet()
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    s = make_summary(0.100, {"optimizer": 0.020, "forward": 0.030})
+    f = _by_rule(advise(s, RunFacts(optimizers=[opt], probes={"fused_optimizer_s": 0.002})))
+    assert f["optimizer"].est_gain_s == pytest.approx(0.018, rel=REL)
+    assert "took 2.0 ms here" in f["optimizer"].detail
+    # The optimizer objects gone (the script returned): the probe still speaks for them.
+    f = _by_rule(advise(s, RunFacts(probes={"fused_optimizer_s": 0.002})))
+    assert f["optimizer"].est_gain_s == pytest.approx(0.018, rel=REL)
+    # Below the share threshold the rule is quiet; --verify still gets the estimate.
+    small = make_summary(0.100, {"optimizer": 0.006, "forward": 0.030})
+    facts = RunFacts(optimizers=[opt], probes={"fused_optimizer_s": 0.002})
+    assert "optimizer" not in _by_rule(advise(small, facts))
+    est = rules.verify_estimates(small, facts)
+    assert est["optimizer"] == pytest.approx(0.004, rel=REL)
+    assert est["amp"] is None and est["channels_last"] is None
+
+
+def test_verify_estimates_are_signed():
+    s = make_summary(**_S)
+    est = rules.verify_estimates(s, RunFacts(probes={"bf16": 3.0, "channels_last": 0.5}))
+    assert est["amp"] == pytest.approx(0.080 * (1 - 3.0), rel=REL)  # a loss: negative
+    assert est["amp_not_advised"] == est["amp"]
+    assert est["channels_last"] == pytest.approx(0.040, rel=REL)
+
+
+# ---- the probes themselves --------------------------------------------------------------------
+def test_probe_measures_ratios_and_restores_rng_and_threads():
+    torch.manual_seed(3)
+    model = _convnet()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    threads = torch.get_num_threads()
+    state = torch.get_rng_state()
+    before = [p.detach().clone() for p in model.parameters()]
+    out = probe.probe_run(model, [((4, 3, 16, 16), torch.float32)], [opt])
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.get_num_threads() == threads
+    # The user's model is untouched (the probe ran on copies) and keeps its layout.
+    for a, b in zip(before, model.parameters()):
+        assert torch.equal(a, b.detach()) and b.grad is None
+    assert not model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert set(out) == {"bf16", "channels_last", "fused_optimizer_s", "nchw_convs"}
+    assert out["nchw_convs"] == 2
+    # Ratios of the same work in another form: finite and within a wide band on any CPU.
+    for k in ("bf16", "channels_last"):
+        assert 0.05 < out[k] < 100, out
+    assert 0 < out["fused_optimizer_s"] < 1.0
+
+
+def test_probe_skips_what_it_cannot_measure():
+    lin = nn.Linear(4, 4)
+    # No conv: no channels_last ratio; integer inputs (token ids): no model probe at all.
+    assert set(probe.probe_model(lin, [((2, 4), torch.float32)], ("bf16", "channels_last"))) == {
+        "bf16"
+    }
+    emb = nn.Embedding(10, 4)
+    assert probe.probe_model(emb, [((2, 3), torch.int64)], ("bf16",)) == {}
+    # A torchspeed optimizer has nothing to be replaced by; an unknown torch one neither.
+    from torchspeed.optim import AdamW
+
+    assert probe.probe_run(None, None, [AdamW(lin.parameters())]) == {}
+    assert probe.probe_fused_optimizer(torch.optim.Adagrad(lin.parameters())) is None
