@@ -209,7 +209,7 @@ def make_fake_event(gpu):
     return FakeEvent
 
 
-def test_cuda_timeline_charges_queued_work_to_the_launching_phase(monkeypatch):
+def _fake_gpu_run(monkeypatch):
     gpu = FakeGpu()
     monkeypatch.setattr(torch.cuda, "Event", make_fake_event(gpu))
     prof = tsp.StepProfiler(device="cpu", warmup=0)
@@ -231,7 +231,21 @@ def test_cuda_timeline_charges_queued_work_to_the_launching_phase(monkeypatch):
             prof.step()
     h = prof.history()
     assert h.clock == "cuda" and len(h) == 6
-    assert_phases(h, truth)
+    return h, truth
+
+
+def test_cuda_timeline_charges_queued_work_to_the_launching_phase(monkeypatch):
+    # The fake GPU runs on the host clock: a host thread preempted between an event and a launch
+    # (a loaded 2-core CI) idles it, which a real GPU's clock would charge the same way. A run
+    # with no preemption must agree within the bound; a misattribution fails all three tries.
+    for attempt in range(3):
+        h, truth = _fake_gpu_run(monkeypatch)
+        try:
+            assert_phases(h, truth)
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
 
 
 def test_host_timer_misattributes_the_same_run():
