@@ -77,9 +77,22 @@ def losses_recorded(out: List[float]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _global_forward_hooks(pre, post) -> Iterator[None]:
+    """pre and post as global module forward hooks (post always called), removed on exit."""
+    from torch.nn.modules import module as mm
+
+    h1 = mm.register_module_forward_pre_hook(pre)
+    h2 = mm.register_module_forward_hook(post, always_call=True)
+    try:
+        yield
+    finally:
+        h1.remove()
+        h2.remove()
+
+
+@contextlib.contextmanager
 def autocast_bf16() -> Iterator[None]:
     """torch.autocast(bfloat16) around every outermost module forward."""
-    from torch.nn.modules import module as mm
 
     state = {"depth": 0, "ctx": None}
 
@@ -97,13 +110,8 @@ def autocast_bf16() -> Iterator[None]:
             state["ctx"].__exit__(None, None, None)
             state["ctx"] = None
 
-    h1 = mm.register_module_forward_pre_hook(pre)
-    h2 = mm.register_module_forward_hook(post, always_call=True)
-    try:
+    with _global_forward_hooks(pre, post):
         yield
-    finally:
-        h1.remove()
-        h2.remove()
 
 
 _TORCH_TO_TORCHSPEED = ("SGD", "Adam", "AdamW")
@@ -165,7 +173,6 @@ def channels_last() -> Iterator[None]:
     """Each outermost module forward: the module (once) and its 4-D floating-point inputs in
     torch.channels_last, as model.to(memory_format=...) and x.contiguous(memory_format=...) in
     the script would put them (the parameters stay the same objects, the optimizer keeps them)."""
-    from torch.nn.modules import module as mm
 
     fmt = torch.channels_last
     state = {"depth": 0, "done": set()}
@@ -187,13 +194,8 @@ def channels_last() -> Iterator[None]:
     def post(module, args, output):
         state["depth"] -= 1
 
-    h1 = mm.register_module_forward_pre_hook(pre)
-    h2 = mm.register_module_forward_hook(post, always_call=True)
-    try:
+    with _global_forward_hooks(pre, post):
         yield
-    finally:
-        h1.remove()
-        h2.remove()
 
 
 @contextlib.contextmanager

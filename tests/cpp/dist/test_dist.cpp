@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "catch_shim.h"
+#include "test_net.h"
 #include "op_schema_check.h"
 #include "torchspeed/dist/ddp.h"
 #include "torchspeed/ops/dist.h"
@@ -19,17 +20,7 @@ namespace tsd = torchspeed::dist;
 
 namespace {
 
-torch::nn::Sequential make_net() {
-  torch::nn::Sequential net(torch::nn::Linear(6, 24), torch::nn::Tanh(), torch::nn::Linear(24, 3));
-  net->to(torch::kFloat64);
-  torch::NoGradGuard no_grad;
-  int i = 0;
-  for (auto& p : net->parameters()) {
-    auto idx = torch::arange(p.numel(), torch::kFloat64);
-    p.copy_((0.4 * torch::sin(idx * 0.3 + ++i)).reshape(p.sizes()));
-  }
-  return net;
-}
+using torchspeed::test::make_net;
 
 std::pair<torch::Tensor, torch::Tensor> batch(int step, int rank, int micro) {
   auto i = torch::arange(5 * 6, torch::kFloat64).reshape({5, 6});

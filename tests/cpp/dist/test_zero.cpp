@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "catch_shim.h"
+#include "test_net.h"
 #include "torchspeed/dist/ddp.h"
 #include "torchspeed/dist/zero.h"
 #include "torchspeed/optim/adam.h"
@@ -21,17 +22,7 @@ namespace {
 
 constexpr int kWorld = 2, kMicro = 2, kSteps = 3;
 
-torch::nn::Sequential make_net(torch::Dtype dtype) {
-  torch::nn::Sequential net(torch::nn::Linear(6, 24), torch::nn::Tanh(), torch::nn::Linear(24, 3));
-  net->to(dtype);
-  torch::NoGradGuard no_grad;
-  int i = 0;
-  for (auto& p : net->parameters()) {
-    auto idx = torch::arange(p.numel(), torch::kFloat64);
-    p.copy_((0.4 * torch::sin(idx * 0.3 + ++i)).reshape(p.sizes()));
-  }
-  return net;
-}
+using torchspeed::test::make_net;
 
 std::pair<torch::Tensor, torch::Tensor> batch(int step, int rank, int micro, torch::Dtype dtype) {
   auto i = torch::arange(5 * 6, torch::kFloat64).reshape({5, 6});
