@@ -24,6 +24,7 @@ from torch import nn
 
 from .. import profile as tsp
 from .._progress import progress_bar
+from ..profile.verify import set_cudnn_benchmark
 from . import baseline as bl
 
 
@@ -288,7 +289,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
     notes: List[str] = []
     torch.manual_seed(cfg.seed)
     model = SmallResNet(len(manifest["classes"]), cfg.width).to(device)
-    prev_benchmark = torch.backends.cudnn.benchmark
+    prev_benchmark = None  # cudnn.benchmark before this run, when the run changed it
     if fixes:
         # What the doctor advised for the baseline run, each measured on this machine first on
         # the CPU (profile/probe.py); `torchspeed doctor --verify` checks the same fixes.
@@ -298,7 +299,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         else:
             notes.append("NCHW: the doctor did not advise channels_last")
         if cuda:
-            torch.backends.cudnn.benchmark = True
+            prev_benchmark = set_cudnn_benchmark(True)
             notes.append("cudnn.benchmark")
         if "amp" in advice_rules and cfg.amp == "off":
             cfg = dataclasses.replace(cfg, amp="fp16" if cuda else "bf16")
@@ -408,7 +409,8 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
     eval_s = time.perf_counter() - t1
     _close(dl)
     _close(vdl)
-    torch.backends.cudnn.benchmark = prev_benchmark
+    if prev_benchmark is not None:
+        set_cudnn_benchmark(prev_benchmark)
     return RunResult(
         name=kind,
         label=labels[kind],

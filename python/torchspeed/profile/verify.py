@@ -198,14 +198,22 @@ def channels_last() -> Iterator[None]:
         yield
 
 
+def set_cudnn_benchmark(on: bool) -> bool:
+    """Sets torch.backends.cudnn.benchmark and returns what it was. Through torch's own setter:
+    assigning the attribute raises once torch's test utilities froze the global flags
+    (disable_global_flags), and cudnn.flags() would reset every other cudnn flag as well."""
+    prev = bool(torch._C._get_cudnn_benchmark())
+    torch._C._set_cudnn_benchmark(bool(on))
+    return prev
+
+
 @contextlib.contextmanager
 def cudnn_benchmark() -> Iterator[None]:
-    prev = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
+    prev = set_cudnn_benchmark(True)
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark = prev
+        set_cudnn_benchmark(prev)
 
 
 @contextlib.contextmanager

@@ -3,11 +3,12 @@ applied from outside; each fix's measured gain beside its estimate and the loss 
 
 import textwrap
 
+import pytest
 import torch
 from profile_helpers import _assert_hooks_removed
 from torch import nn
 
-from torchspeed.profile import _doctor
+from torchspeed.profile import _doctor, verify
 
 _SCRIPT = """
 import time, torch
@@ -121,3 +122,17 @@ def test_channels_last_trial_converts_the_model_and_inputs_and_unhooks():
     assert all(a is b for a, b in zip(params, model.parameters()))  # the optimizer's objects
     model(torch.randn(2, 3, 8, 8))
     assert not seen[1].is_contiguous(memory_format=torch.channels_last)  # the hook is gone
+
+
+def test_cudnn_benchmark_trial_works_where_torch_froze_the_global_flags():
+    """torch's test utilities (imported by opcheck) freeze torch.backends' flags: assigning
+    cudnn.benchmark then raises. The trial (and the demo's third run) set it through torch's own
+    setter, and restore it, leaving the other cudnn flags as they were."""
+    torch.backends.disable_global_flags()  # what torch.testing._internal.common_utils does
+    with pytest.raises(RuntimeError, match="not allowed to set"):
+        torch.backends.cudnn.benchmark = True
+    before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.enabled)
+    with verify.cudnn_benchmark():
+        assert torch.backends.cudnn.benchmark is True
+        assert torch.backends.cudnn.enabled == before[1]
+    assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.enabled) == before
