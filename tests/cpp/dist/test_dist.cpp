@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "catch_shim.h"
-#include "test_net.h"
 #include "op_schema_check.h"
+#include "test_net.h"
 #include "torchspeed/dist/ddp.h"
 #include "torchspeed/ops/dist.h"
 
