@@ -290,6 +290,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
     torch.manual_seed(cfg.seed)
     model = SmallResNet(len(manifest["classes"]), cfg.width).to(device)
     prev_benchmark = None  # cudnn.benchmark before this run, when the run changed it
+    prev_threads = None  # torch's intra-op threads before this run, when the run changed them
     if fixes:
         # What the doctor advised for the baseline run, each measured on this machine first on
         # the CPU (profile/probe.py); `torchspeed doctor --verify` checks the same fixes.
@@ -306,6 +307,12 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
             notes.append(f"autocast {cfg.amp} (the doctor's amp advice)")
         elif "amp_not_advised" in advice_rules:
             notes.append("float32: the doctor does not advise bf16 autocast on this CPU")
+        if "cpu_threads" in advice_rules and not cuda:
+            # As the doctor's advice says: leave the loader's decode threads a core each.
+            prev_threads = torch.get_num_threads()
+            n = max(1, len(os.sched_getaffinity(0)) - cfg.workers)
+            torch.set_num_threads(n)
+            notes.append(f"torch.set_num_threads({n}) (the doctor's cpu_threads advice)")
         if cl:
             model = model.to(memory_format=torch.channels_last)
     hyper = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -411,6 +418,8 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
     _close(vdl)
     if prev_benchmark is not None:
         set_cudnn_benchmark(prev_benchmark)
+    if prev_threads is not None:
+        torch.set_num_threads(prev_threads)
     return RunResult(
         name=kind,
         label=labels[kind],

@@ -126,6 +126,8 @@ class TorchHooks:
         self.models = _WeakSet()
         self.optimizers = _WeakSet()
         self.loaders = _WeakSet()
+        # The most loader workers seen at once: the loaders may be gone when the rules run.
+        self.loader_workers = 0
         self.autocast_used = False
         self.shapes: Dict[int, set] = {}
         self.input_specs: Dict[int, list] = {}
@@ -392,7 +394,7 @@ class TorchHooks:
 
         def make_iter(orig):
             def __iter__(loader):
-                hooks.loaders.add(loader)
+                hooks.saw_loader(loader)
                 return orig(loader)
 
             return __iter__
@@ -587,6 +589,15 @@ class TorchHooks:
             self._probes = {}
         return self._probes
 
+    def saw_loader(self, loader: Any) -> None:
+        """Records a loader (weakly) and the most workers the live loaders had at once."""
+        from .facts import _loaders
+
+        self.loaders.add(loader)
+        live = _loaders(RunFacts(loaders=self.loaders.items()))
+        workers = sum(max(int(x.num_workers or 0), 0) for x in live)
+        self.loader_workers = max(self.loader_workers, workers)
+
     def facts(self) -> RunFacts:
         models = self.models.items()
         device_type = "cpu"
@@ -639,6 +650,8 @@ class TorchHooks:
             closure_forwards_per_step=self.closure_forwards / max(self.steps_seen, 1),
             attribution=self._attribution(models),
             probes=dict(self._probe(models, device_type)) if self.probe else {},
+            torch_threads=torch.get_num_threads(),
+            loader_workers=self.loader_workers,
         )
 
 
@@ -649,7 +662,7 @@ _active_hooks: List[TorchHooks] = []
 def saw_loader(loader: Any) -> None:
     """Called by torchspeed's DataLoader when an epoch starts, so the lints see it."""
     for h in _active_hooks:
-        h.loaders.add(loader)
+        h.saw_loader(loader)
 
 
 def saw_batch(batch: Any) -> None:

@@ -84,7 +84,8 @@ def probe_model(
     model: nn.Module, spec: Sequence[Tuple[tuple, torch.dtype]], variants: Sequence[str]
 ) -> Dict[str, float]:
     """{variant: forward+backward time / the fp32 time} for "bf16" and "channels_last" (only
-    for a model with Conv2d layers), measured on deep copies; {} when the model cannot be probed
+    for a model with Conv2d layers), and "fp32_s": the float32 forward+backward's seconds on the
+    calling thread, measured on deep copies; {} when the model cannot be probed
     (not on the CPU, too large, non-float inputs, a copy or forward that fails)."""
     params = list(model.parameters())
     if not params or any(p.device.type != "cpu" for p in params):
@@ -121,7 +122,9 @@ def probe_model(
     except Exception:  # noqa: BLE001 (a probe that fails only leaves the estimate unmeasured)
         return {}
     ref = min(times["fp32"])
-    return {k: min(v) / ref for k, v in times.items() if k != "fp32" and ref > 0}
+    out = {k: min(v) / ref for k, v in times.items() if k != "fp32" and ref > 0}
+    out["fp32_s"] = ref
+    return out
 
 
 def probe_fused_optimizer(optimizer: Any) -> Optional[float]:

@@ -104,6 +104,14 @@ AMP_CPU_BF16 = 0.7
 # at least 10 % faster with it, beyond the probe's repeat-to-repeat spread (a few % under load,
 # the minimum of 3 interleaved repeats). Our choice.
 PROBE_MIN_GAIN = 0.10
+# CPU oversubscription: torch's intra-op threads plus the loader's workers (C++ decode threads or
+# worker processes) exceed the cores. Each oneDNN / OpenMP parallel region ends in a barrier: a
+# loader thread that preempts one of torch's threads stalls all of them, so forward+backward lose
+# far more than the CPU the loader takes. Measured on the demo's fixes run (2 cores, 2 C++ decode
+# threads, bench/RESULTS.md): 2 torch threads 53.9 ms per step, 1 thread 35.0 ms. The estimate:
+# forward+backward at the probe's one-thread time (x the bf16 ratio when the run used autocast),
+# divided by the threads left: linear scaling, a planning figure above one thread.
+
 # cudnn.benchmark picks the fastest conv algorithm per shape once; with fixed shapes that saves
 # ~10 % of forward+backward on conv nets. Planning figure (brief).
 CUDNN_BENCHMARK = 0.9
@@ -418,6 +426,62 @@ def _amp(summary: Any, facts: Any) -> List[Finding]:
     return [_estimated("amp", "warning", title, fix, detail, step, t * (1.0 - factor))]
 
 
+def _loader_workers(facts: Any) -> int:
+    """Workers of the loaders seen (C++ decode threads or worker processes), 0 when unknown:
+    the live loaders', or the most the run had at once (its loaders may be gone by now)."""
+    live = sum(max(int(info.num_workers or 0), 0) for info in _loaders(facts))
+    return max(live, int(_num(getattr(facts, "loader_workers", 0))))
+
+
+def advised_threads(facts: Any) -> Optional[int]:
+    """torch threads that leave the loaders' workers a core each (at least 1), when the run had
+    more than that on a CPU; None otherwise."""
+    threads = int(_num(getattr(facts, "torch_threads", 0)))
+    workers = _loader_workers(facts)
+    if getattr(facts, "device_type", None) != "cpu" or threads <= 0 or workers <= 0:
+        return None
+    _, cores = _load()
+    n = max(1, cores - workers)
+    return n if threads + workers > cores and n < threads else None
+
+
+def _cpu_threads(summary: Any, facts: Any) -> List[Finding]:
+    """torch threads + loader workers above the cores (CPU), and the probe says forward+backward
+    would run faster on the threads left."""
+    n = advised_threads(facts)
+    one = _probe(facts, "fp32_s")
+    share, t = _compute(summary)
+    if n is None or one is None or share < AMP_MIN_COMPUTE_SHARE or t < MIN_PHASE_S:
+        return []
+    basis = "float32"
+    if getattr(facts, "autocast_used", False):
+        ratio = _probe(facts, "bf16")
+        if ratio is None:
+            return []
+        one, basis = one * ratio, "bf16 autocast"
+    est = one / n
+    if est > t * (1 - PROBE_MIN_GAIN):
+        return []
+    threads, workers = int(_num(facts.torch_threads)), _loader_workers(facts)
+    _, cores = _load()
+    title = (
+        f"{threads} torch threads and {workers} loader workers share {cores} cores: "
+        f"forward+backward ({_ms(t)}, {_pct(share)} of the step) wait on preempted threads"
+    )
+    fix = (
+        f"torch.set_num_threads({n}) at the start of the script (or OMP_NUM_THREADS={n}), so "
+        "the loader's workers keep their own cores"
+    )
+    detail = (
+        "Each parallel op ends in a barrier: a loader worker that takes a core from one of "
+        "torch's threads stalls the others. Estimate: forward+backward of a copy of the model "
+        f"took {_ms(one)} on one thread ({basis}, measured after the run)"
+        + (f", divided over {n} threads (linear scaling, a planning figure)" if n > 1 else "")
+        + f" ({_ms(t)} -> {_ms(est)})."
+    )
+    return [_estimated("cpu_threads", "warning", title, fix, detail, _step_s(summary), t - est)]
+
+
 def _nchw_convs(facts: Any) -> List[str]:
     out = []
     for name, m in _modules_of(facts, (nn.Conv2d,)):
@@ -706,6 +770,7 @@ def _breakdown(summary: Any, facts: Any) -> List[Finding]:
             _comm,
             _amp,
             _channels_last_cpu,
+            _cpu_threads,
             _cudnn_benchmark,
             _launch_bound,
             _contention,
@@ -728,6 +793,8 @@ def verify_estimates(summary: Any, facts: Any) -> Dict[str, Optional[float]]:
         r = _probe(facts, key)
         out[rule] = t * (1 - r) if r is not None else None
     out["amp_not_advised"] = out["amp"]
+    threads = _cpu_threads(summary, facts)
+    out["cpu_threads"] = threads[0].est_gain_s if threads else None
     opt = _optimizer(summary, facts, floor=False)
     out["optimizer"] = opt[0].est_gain_s if opt and opt[0].est_step_s is not None else None
     return out

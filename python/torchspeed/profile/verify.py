@@ -41,6 +41,7 @@ PHASES_OF = {
     "amp_not_advised": ("forward", "backward"),
     "channels_last": ("forward", "backward"),
     "cudnn_benchmark": ("forward", "backward"),
+    "cpu_threads": ("forward", "backward"),
     "optimizer": ("optimizer",),
     "data_wait": ("data_wait",),
     "headspace": ("data_wait",),
@@ -169,6 +170,18 @@ def more_workers(n: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to n for the run, as torch.set_num_threads(n) at the start of
+    the script would; restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
 def channels_last() -> Iterator[None]:
     """Each outermost module forward: the module (once) and its 4-D floating-point inputs in
     torch.channels_last, as model.to(memory_format=...) and x.contiguous(memory_format=...) in
@@ -261,6 +274,18 @@ def _fixes(findings: List[Finding], facts: Any) -> List[tuple]:
         out.append((name, "channels_last", channels_last, advised))
     if "cudnn_benchmark" in rules:
         out.append(("cudnn.benchmark", "cudnn_benchmark", cudnn_benchmark, True))
+    if "cpu_threads" in rules:
+        from .rules import advised_threads
+
+        n = advised_threads(facts) or 1
+        out.append(
+            (
+                f"{n} torch thread{'s' if n > 1 else ''}",
+                "cpu_threads",
+                lambda: torch_threads(n),
+                True,
+            )
+        )
     # A torch optimizer with a torchspeed counterpart was seen: the probe timed that counterpart
     # (the optimizer objects may be gone by now, with the script's frames).
     if "optimizer" in rules or "clip_into_optimizer" in rules or "fused_optimizer_s" in probes:

@@ -136,3 +136,22 @@ def test_cudnn_benchmark_trial_works_where_torch_froze_the_global_flags():
         assert torch.backends.cudnn.benchmark is True
         assert torch.backends.cudnn.enabled == before[1]
     assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.enabled) == before
+
+
+def test_cpu_threads_trial_sets_the_advised_threads_and_restores_them(monkeypatch):
+    """The cpu_threads finding becomes a trial that runs the script with the advised torch
+    threads (cores - loader workers), restored after."""
+    from torchspeed.profile import rules
+    from torchspeed.profile.summary import Finding, RunFacts
+
+    monkeypatch.setattr(rules, "_load", lambda: (1.0, 3))
+    loader = torch.utils.data.DataLoader(list(range(4)), num_workers=1)
+    facts = RunFacts(loaders=[loader], torch_threads=3)
+    found = [Finding("cpu_threads", "warning", "t", "f")]
+    trials = [t for t in verify._fixes(found, facts) if t[1] == "cpu_threads"]
+    assert [t[0] for t in trials] == ["2 torch threads"]
+    before = torch.get_num_threads()
+    with trials[0][2]():
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == before
+    assert verify.PHASES_OF["cpu_threads"] == ("forward", "backward")

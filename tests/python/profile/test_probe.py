@@ -64,6 +64,38 @@ def test_bf16_unmeasured_falls_back_to_the_cpu_flags():
     assert "amp_not_advised" not in _by_rule(advise(s, RunFacts()))
 
 
+def test_cpu_threads_fires_when_threads_and_loader_workers_exceed_the_cores(monkeypatch):
+    """torch threads + loader workers above the cores: advise the threads that leave each worker
+    a core, estimated from the probe's one-thread forward+backward; quiet when they fit, when the
+    probe says it would not pay, or without a probe."""
+    monkeypatch.setattr(rules, "_load", lambda: (1.0, 2))
+    s = make_summary(**_S)  # forward+backward 80 ms
+    loader = torch.utils.data.DataLoader(list(range(8)), num_workers=2)
+
+    def facts(**kw):
+        base = dict(models=[_convnet()], loaders=[loader], torch_threads=2, probes={"fp32_s": 0.05})
+        base.update(kw)
+        return RunFacts(**base)
+
+    f = _by_rule(advise(s, facts()))["cpu_threads"]
+    assert f.est_gain_s == pytest.approx(0.080 - 0.050, rel=REL)
+    assert "torch.set_num_threads(1)" in f.fix and "2 torch threads and 2 loader workers" in f.title
+    assert rules.verify_estimates(s, facts())["cpu_threads"] == pytest.approx(0.030, rel=REL)
+    # With autocast in the run, the one-thread time is the bf16 one.
+    f = _by_rule(advise(s, facts(autocast_used=True, probes={"fp32_s": 0.05, "bf16": 0.5})))
+    assert f["cpu_threads"].est_gain_s == pytest.approx(0.080 - 0.025, rel=REL)
+    # The run's loaders are gone by the time the rules run: the most workers the run saw.
+    assert "cpu_threads" in _by_rule(advise(s, facts(loaders=[], loader_workers=2)))
+    for quiet in (
+        facts(torch_threads=1, loaders=[torch.utils.data.DataLoader([0], num_workers=1)]),  # fits
+        facts(loaders=[]),  # no loader workers
+        facts(probes={"fp32_s": 0.075}),  # one thread would not be 10 % faster
+        facts(probes={}),  # not measured
+        facts(device_type="cuda"),
+    ):
+        assert "cpu_threads" not in _by_rule(advise(s, quiet))
+
+
 def test_channels_last_on_cpu_fires_only_when_measured_faster_with_nchw_convs():
     s = make_summary(**_S)
     f = _by_rule(advise(s, RunFacts(models=[_convnet()], probes={"channels_last": 0.7})))
@@ -127,7 +159,8 @@ def test_probe_measures_ratios_and_restores_rng_and_threads():
     for a, b in zip(before, model.parameters()):
         assert torch.equal(a, b.detach()) and b.grad is None
     assert not model[0].weight.is_contiguous(memory_format=torch.channels_last)
-    assert set(out) == {"bf16", "channels_last", "fused_optimizer_s", "nchw_convs"}
+    assert set(out) == {"bf16", "channels_last", "fused_optimizer_s", "nchw_convs", "fp32_s"}
+    assert 0 < out["fp32_s"] < probe.PROBE_MAX_S
     assert out["nchw_convs"] == 2
     # Ratios of the same work in another form: finite and within a wide band on any CPU.
     for k in ("bf16", "channels_last"):
@@ -139,7 +172,8 @@ def test_probe_skips_what_it_cannot_measure():
     lin = nn.Linear(4, 4)
     # No conv: no channels_last ratio; integer inputs (token ids): no model probe at all.
     assert set(probe.probe_model(lin, [((2, 4), torch.float32)], ("bf16", "channels_last"))) == {
-        "bf16"
+        "bf16",
+        "fp32_s",
     }
     emb = nn.Embedding(10, 4)
     assert probe.probe_model(emb, [((2, 3), torch.int64)], ("bf16",)) == {}
