@@ -250,6 +250,7 @@ __global__ void __launch_bounds__(kMtaBlockSize, 2)
 
   const int64_t numel = meta.numel[slot];
   const int64_t block = h.state_block;
+  const int block_shift = __ffs(h.state_block) - 1;  // a power of two: shifts, not int64 division
   // Threads per quantization block; a 4096-element block spans both groups of every thread.
   const bool whole_round = block == kInt8Round;
   const int group = whole_round ? kMtaBlockSize : static_cast<int>(block / kMtaIlp);
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(kMtaBlockSize, 2)
       m_acc[q] = v_acc[q] = 0.f;
       if (valid[q] == 0) continue;
       const int64_t i = first[q];
-      const int64_t k = i / block;  // a group of N never straddles a block (block >= 8)
+      const int64_t k = i >> block_shift;  // a group of N never straddles a block (block >= 8)
       const float m_amax = m_absmax[k], v_amax = v_absmax[k];
       with_vec(aligned && valid[q] == N, [&](auto vec) {
         constexpr bool kVec = decltype(vec)::value;
@@ -313,9 +314,9 @@ __global__ void __launch_bounds__(kMtaBlockSize, 2)
     for (int q = 0; q < kInt8Quads; ++q) {
       if (valid[q] == 0) continue;
       const int64_t i = first[q];
-      if (i % block == 0) {  // the thread holding a block's first element writes its absmaxes
-        m_absmax[i / block] = m_acc[q];
-        v_absmax[i / block] = v_acc[q];
+      if ((i & (block - 1)) == 0) {  // the thread holding a block's first element writes them
+        m_absmax[i >> block_shift] = m_acc[q];
+        v_absmax[i >> block_shift] = v_acc[q];
       }
       const float m_inv = lowbit_inverse(m_acc[q]), v_inv = lowbit_inverse(v_acc[q]);
       with_vec(aligned && valid[q] == N, [&](auto vec) {

@@ -489,8 +489,8 @@ CUDA_VARIANTS = {
 
 
 def _bits(t):
-    """The bytes of t in memory order (NaN compares equal to the same NaN)."""
-    return t.detach().cpu().contiguous().view(torch.uint8)
+    """The bytes of t's elements (a NaN equals the same NaN, unlike torch.equal)."""
+    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
 
 
 def _lowbit_inputs(state_dtype, block, mixed, seed=0):
@@ -551,13 +551,27 @@ def _to_device(d, device):
 
 def _lowbit_step(d, grads, block, kw, scalars=None):
     torch.ops.torchspeed.adam_lowbit_step_(
-        d["params"], grads, d["exp_avgs"], d["exp_avg_sqs"], d["exp_avg_absmaxes"],
-        d["exp_avg_sq_absmaxes"], d["masters"], d["steps"], d["masks"], d["emas"],
-        state_block=block, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
-        weight_decay=kw["weight_decay"], maximize=kw["maximize"],
-        decoupled_weight_decay=kw["decoupled"], ema_decay=0.99 if d["emas"] else 0.0,
+        d["params"],
+        grads,
+        d["exp_avgs"],
+        d["exp_avg_sqs"],
+        d["exp_avg_absmaxes"],
+        d["exp_avg_sq_absmaxes"],
+        d["masters"],
+        d["steps"],
+        d["masks"],
+        d["emas"],
+        state_block=block,
+        lr=1e-2,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        weight_decay=kw["weight_decay"],
+        maximize=kw["maximize"],
+        decoupled_weight_decay=kw["decoupled"],
+        ema_decay=0.99 if d["emas"] else 0.0,
         **(scalars or {}),
-    )  # fmt: skip
+    )
 
 
 def _device_scalars(device, step):
@@ -604,7 +618,7 @@ def test_cuda_low_bit_step_equals_the_cpu_step_bitwise(state_dtype, variant):
 @needs_real_cuda
 @pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
 def test_cuda_low_bit_step_captures_in_a_graph_and_never_syncs(state_dtype):
-    block, _, _, kw = CUDA_VARIANTS["masters_mask_ema_scalars"]
+    kw = CUDA_VARIANTS["masters_mask_ema_scalars"][3]
     base = _lowbit_inputs(state_dtype, 256, mixed=True)
     eager, graphed = _to_device(base, "cuda"), _to_device(base, "cuda")
     # Inputs made before the sync check: a host -> device copy synchronises.
