@@ -30,6 +30,7 @@ set(TORCHSPEED_OPTIM_SOURCES
 )
 set(TORCHSPEED_OPTIM_CUDA_SOURCES
   "${_ts_root}/csrc/kernels/cuda/optim.cu"
+  "${_ts_root}/csrc/kernels/cuda/optim_lowbit.cu"
   "${_ts_root}/csrc/kernels/cuda/grad_stats.cu"
   "${_ts_root}/csrc/kernels/cuda/mask.cu"
   "${_ts_root}/csrc/kernels/cuda/lowbit.cu"

@@ -140,7 +140,11 @@ step test_profile_cuda 60 "$PYTHON" -m pytest -q -rs tests/python/profile/test_s
 # ---- benches (JSON into $TORCHSPEED_RESULTS_DIR) ---------------------------------------------------
 # The benchmarks ship in the package (torchspeed.benchmarks); `torchspeed bench NAME` runs one.
 step bench_grad_stats 30 "$PYTHON" -m torchspeed.cli bench grad_stats --device cuda
-step bench_optim 60 "$PYTHON" -m torchspeed.cli bench optim --device cuda
+step bench_optim 60 "$PYTHON" -m torchspeed.cli bench optim --device cuda --state-dtype fp32
+# Low-bit moments on CUDA: one flat 1e9-element fp32 param, bf16 / int8 state (20 / 16 B per param)
+# against torch fused AdamW and fp32 state, as a fraction of the device copy bandwidth (frac_of_bw).
+step bench_optim_lowbit 60 "$PYTHON" -m torchspeed.cli bench optim --device cuda --sets flat \
+  --state-dtype fp32,bf16,int8
 step bench_profile 60 "$PYTHON" -m torchspeed.cli bench profile --quick
 
 # ---- loader on the GPU (only when the data part was built) -----------------------------------------

@@ -44,8 +44,8 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
       "float beta2, float eps, float weight_decay, bool amsgrad, bool maximize, "
       "bool decoupled_weight_decay, Tensor? lr_tensor=None, Tensor? grad_scale=None, "
       "Tensor? found_inf=None, Tensor? clip_coef=None, float ema_decay=0.0) -> ()");
-  // adam_step_ with low-bit moments (torchspeed.optim's state_dtype; no amsgrad; CPU kernels for
-  // now). The format is the dtype of exp_avgs, one for the whole call:
+  // adam_step_ with low-bit moments (torchspeed.optim's state_dtype; no amsgrad; CPU and CUDA
+  // kernels, the same bits). The format is the dtype of exp_avgs, one for the whole call:
   //   bfloat16 exp_avgs and exp_avg_sqs: updated in fp32, written back with stochastic rounding;
   //     exp_avg_absmaxes and exp_avg_sq_absmaxes are empty;
   //   int8 exp_avgs and uint8 exp_avg_sqs: codes in blocks of state_block elements (a power of

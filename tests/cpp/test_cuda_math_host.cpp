@@ -1,22 +1,26 @@
-// The CUDA kernels' per-element math (kernels/cuda/optim_math.cuh, quant_math.cuh), built here for
-// the host with -ffp-contract=off, against the CPU kernel templates (kernels/cpu/optim.h, quant.h,
-// scalar lanes), bit for bit: every optimizer and flag combination (both take their per-tensor
-// scalars from the one step_scalars(), kernels/common/step_scalars.h, so this isolates the element
-// math), fake-quant, and the int8 Linear's row scale, rounding and epilogue against api.cuh's
-// formula. It runs without a GPU or the CUDA toolkit.
+// The CUDA kernels' per-element math (kernels/cuda/optim_math.cuh, optim_lowbit_math.cuh,
+// quant_math.cuh), built here for the host with -ffp-contract=off, against the CPU kernel templates
+// (kernels/cpu/optim.h, quant.h, scalar lanes; the low-bit Adam against every ISA's kernel table),
+// bit for bit: every optimizer and flag combination (both take their per-tensor scalars from the
+// one step_scalars(), kernels/common/step_scalars.h, so this isolates the element math),
+// fake-quant, and the int8 Linear's row scale, rounding and epilogue against api.cuh's formula. It
+// runs without a GPU or the CUDA toolkit.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "catch_shim.h"
 #include "kernels/common/lowbit_codes.h"
 #include "kernels/common/step_scalars.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/optim.h"
 #include "kernels/cpu/prune.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cuda/optim_lowbit_math.cuh"
 #include "kernels/cuda/optim_math.cuh"
 #include "kernels/cuda/prune_math.cuh"
 #include "kernels/cuda/quant_math.cuh"
@@ -361,4 +365,295 @@ TEST_CASE("CUDA int8 optimizer-state codes equal the CPU kernels bit for bit, bo
       }
     }
   }
+}
+
+// ---- adam_lowbit_step_: the CUDA element / block math against the CPU kernels -----------------
+
+namespace {
+
+/// The CPU kernel tables this machine runs (scalar up to the best ISA; avx512_vnni and amx share
+/// the avx512 unit's optimizer kernels).
+std::vector<const cpu::CpuKernelTable*> runnable_tables() {
+  std::vector<const cpu::CpuKernelTable*> out;
+  for (cpu::Isa isa : cpu::compiled_isas()) {
+    if (isa == cpu::Isa::kAvx512Vnni || isa == cpu::Isa::kAmx) continue;
+    if (const cpu::CpuKernelTable* t = cpu::cpu_kernels_for(isa)) out.push_back(t);
+  }
+  return out;
+}
+
+/// One low-bit step's inputs and outputs (float32 params and grads, optional master / mask / EMA).
+struct LowbitCase {
+  std::vector<float> param, grad, master, ema;
+  std::vector<uint8_t> mask_bits;
+  std::vector<uint16_t> m16, v16;  // bf16 moments
+  std::vector<int8_t> m8;          // int8 moments
+  std::vector<uint8_t> v8;
+  std::vector<float> m_absmax, v_absmax;
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// flags: bit 0 weight decay, 1 decoupled, 2 maximize, 3 mask, 4 EMA, 5 master, 6 AMP scale and
+/// clip, 7 eps 0.
+k::OptimHyper lowbit_hyper(int flags, k::StateFormat format, int32_t block) {
+  k::OptimHyper h{};
+  h.lr = 3e-3;
+  h.beta1 = 0.9;
+  h.beta2 = (flags & 64) ? 0.95 : 0.999;
+  h.weight_decay = (flags & 1) ? 0.1f : 0.f;
+  h.beta2_f = float(h.beta2);
+  h.one_minus_beta1 = float(1.0 - h.beta1);
+  h.one_minus_beta2 = float(1.0 - h.beta2);
+  h.eps = (flags & 128) ? 0.f : 1e-8f;
+  h.one_minus_ema_decay = float(1.0 - 0.99);
+  h.maximize = flags & 4;
+  h.decoupled_weight_decay = flags & 2;
+  h.state_format = format;
+  h.state_block = block;
+  return h;
+}
+
+LowbitCase make_lowbit_case(int64_t n, int flags, k::StateFormat format, int32_t block,
+                            uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::uniform_real_distribution<float> exponent(-30.f, 0.f);
+  LowbitCase c;
+  const float scale = (flags & 64) ? 512.f : 1.f;
+  c.param.resize(n);
+  c.grad.resize(n);
+  std::vector<float> m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    c.param[i] = nd(rng);
+    c.grad[i] = nd(rng) * std::exp2(exponent(rng) * 0.3f) * scale;
+    m[i] = nd(rng) * std::exp2(exponent(rng)) * 0.1f;
+    v[i] = m[i] * m[i] * 3.f + std::fabs(nd(rng)) * 1e-6f;
+    if (i % 89 == 0) c.grad[i] = 0.f;
+    if (i % 97 == 0) m[i] = v[i] = 0.f;
+  }
+  if (format == k::StateFormat::kInt8 && n > 3 * block) {
+    // a block of zeros (grads and moments: absmax 0, codes 0), one with an inf grad (absmax inf,
+    // codes 0) and one with a NaN grad (NaN skipped by the absmax, its code +-127)
+    for (int64_t i = block; i < 2 * block; ++i) c.grad[i] = m[i] = v[i] = 0.f;
+    c.grad[2 * block + 3] = INFINITY;
+    c.grad[3 * block - 1] = NAN;
+  } else if (n > 40) {
+    c.grad[17] = INFINITY;
+    c.grad[29] = NAN;
+  }
+  if (format == k::StateFormat::kBFloat16) {
+    c.m16.resize(n);
+    c.v16.resize(n);
+    for (int64_t i = 0; i < n; ++i) {  // truncated to bf16: exact moments to start from
+      c.m16[i] = static_cast<uint16_t>(k::lowbit_bits(m[i]) >> 16);
+      c.v16[i] = static_cast<uint16_t>(k::lowbit_bits(v[i]) >> 16);
+    }
+  } else {
+    const int64_t blocks = (n + block - 1) / block;
+    c.m8.resize(n);
+    c.v8.resize(n);
+    c.m_absmax.resize(blocks);
+    c.v_absmax.resize(blocks);
+    for (int64_t b = 0; b < blocks; ++b) {
+      float ma = 0.f, va = 0.f;
+      for (int64_t i = b * block; i < std::min(n, (b + 1) * block); ++i) {
+        ma = k::lowbit_absmax_m(ma, m[i]);
+        va = k::lowbit_absmax_v(va, v[i]);
+      }
+      c.m_absmax[b] = ma;
+      c.v_absmax[b] = va;
+      for (int64_t i = b * block; i < std::min(n, (b + 1) * block); ++i) {
+        c.m8[i] = k::lowbit_encode_m(m[i], k::lowbit_inverse(ma));
+        c.v8[i] = k::lowbit_encode_v(v[i], k::lowbit_inverse(va));
+      }
+    }
+  }
+  if (flags & 8) {
+    c.mask_bits.resize((n + 7) / 8);
+    for (auto& b : c.mask_bits) b = static_cast<uint8_t>(rng());
+  }
+  if (flags & 16) {
+    c.ema.resize(n);
+    for (auto& e : c.ema) e = nd(rng);
+  }
+  if (flags & 32) {
+    c.master = c.param;
+    for (auto& p : c.param) p = std::nanf("");  // the step must read the master, not the param
+  }
+  return c;
+}
+
+k::OptimTensor lowbit_tensor(LowbitCase& c, int64_t sr_index, uint32_t salt) {
+  k::OptimTensor t{};
+  t.param = c.param.data();
+  t.grad = c.grad.data();
+  t.master = c.master.empty() ? nullptr : c.master.data();
+  t.mask = c.mask_bits.empty() ? nullptr : c.mask_bits.data();
+  t.ema = c.ema.empty() ? nullptr : c.ema.data();
+  if (!c.m16.empty()) {
+    t.exp_avg_lp = c.m16.data();
+    t.exp_avg_sq_lp = c.v16.data();
+  } else {
+    t.exp_avg_lp = c.m8.data();
+    t.exp_avg_sq_lp = c.v8.data();
+    t.exp_avg_absmax = c.m_absmax.data();
+    t.exp_avg_sq_absmax = c.v_absmax.data();
+  }
+  t.sr_index = sr_index;
+  t.sr_salt = salt;
+  t.numel = static_cast<int64_t>(c.param.size());
+  t.param_dtype = t.grad_dtype = k::DType::kFloat;
+  return t;
+}
+
+/// store_param as optim_lowbit.cu's store_param_quad does it, for element i.
+void cuda_store_param(LowbitCase& c, const k::OptimHyper& h, int64_t i, float p) {
+  if (!c.mask_bits.empty()) p = cu::apply_mask(cu::mask_bit(c.mask_bits.data(), i), p);
+  if (!c.master.empty()) c.master[i] = p;
+  c.param[i] = p;
+  if (!c.ema.empty()) c.ema[i] = cu::ema_update(h, p, c.ema[i]);
+}
+
+float cuda_load_param(const LowbitCase& c, int64_t i) {
+  return c.master.empty() ? c.param[i] : c.master[i];
+}
+
+/// adam_bf16_kernel's per-element work, element by element, for elements sr_index + [0, n).
+void cuda_bf16_step(LowbitCase& c, const k::OptimHyper& h, const k::StepScalars& s,
+                    int64_t sr_index, uint32_t salt) {
+  const float inv_bc2 = cu::adam_lowbit_inv_bc2(s);
+  for (int64_t i = 0; i < static_cast<int64_t>(c.param.size()); ++i) {
+    float p = cuda_load_param(c, i);
+    cu::adam_bf16_element(h, s, inv_bc2, k::lowbit_sr_noise(sr_index + i, salt),
+                          cu::scale_grad(h, s, c.grad[i]), p, k::lowbit_bf16_value(c.m16[i]),
+                          k::lowbit_bf16_value(c.v16[i]), c.m16[i], c.v16[i]);
+    cuda_store_param(c, h, i, p);
+  }
+}
+
+/// adam_int8_kernel's work, one quantization block after the other: the three phases of
+/// optim_lowbit_math.cuh (the GPU's reduction order over a block does not change a max).
+void cuda_int8_step(LowbitCase& c, const k::OptimHyper& h, const k::StepScalars& s) {
+  const float inv_bc2 = cu::adam_lowbit_inv_bc2(s);
+  const int64_t n = static_cast<int64_t>(c.param.size()), block = h.state_block;
+  std::vector<float> p(block), m(block), v(block);
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t len = std::min(block, n - b0), kb = b0 / block;
+    float m_acc = 0.f, v_acc = 0.f;
+    for (int64_t j = 0; j < len; ++j) {
+      p[j] = cuda_load_param(c, b0 + j);
+      cu::adam_int8_moments(h, cu::scale_grad(h, s, c.grad[b0 + j]), p[j], c.m8[b0 + j],
+                            c.v8[b0 + j], c.m_absmax[kb], c.v_absmax[kb], m[j], v[j], m_acc, v_acc);
+    }
+    c.m_absmax[kb] = m_acc;
+    c.v_absmax[kb] = v_acc;
+    const float m_inv = k::lowbit_inverse(m_acc), v_inv = k::lowbit_inverse(v_acc);
+    for (int64_t j = 0; j < len; ++j) {
+      cu::adam_int8_finish(h, s, inv_bc2, m_inv, v_inv, m[j], v[j], p[j], c.m8[b0 + j],
+                           c.v8[b0 + j]);
+      cuda_store_param(c, h, b0 + j, p[j]);
+    }
+  }
+}
+
+std::string lowbit_mismatch(const LowbitCase& a, const LowbitCase& b) {
+  std::string out;
+  if (!same_bits(a.param, b.param)) out += " param";
+  if (!same_bits(a.master, b.master)) out += " master";
+  if (!same_bits(a.ema, b.ema)) out += " ema";
+  if (a.m16 != b.m16) out += " bf16 exp_avg";
+  if (a.v16 != b.v16) out += " bf16 exp_avg_sq";
+  if (a.m8 != b.m8) out += " int8 exp_avg";
+  if (a.v8 != b.v8) out += " uint8 exp_avg_sq";
+  if (!same_bits(a.m_absmax, b.m_absmax)) out += " exp_avg_absmax";
+  if (!same_bits(a.v_absmax, b.v_absmax)) out += " exp_avg_sq_absmax";
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the bf16 stochastic-rounding hash equals the CPU's vector hash, lane by lane") {
+  namespace isa = cpu::TORCHSPEED_CPU_ISA_NAMESPACE;
+  using I = V::I32;
+  std::mt19937 rng(5);
+  for (int r = 0; r < 100000; ++r) {
+    const int64_t first =
+        (static_cast<int64_t>(rng() % 64) << 32) | (static_cast<int64_t>(rng() % 4096) << 16);
+    const uint32_t salt = rng(), offset = rng() % 65536;
+    const uint32_t range_salt = isa::sr_range_salt(salt, first);
+    const I cpu_noise = isa::sr_noise<V>(static_cast<uint32_t>(first) + offset, range_salt);
+    const uint32_t cuda_noise = k::lowbit_sr_noise(first + offset, salt);
+    REQUIRE(static_cast<uint32_t>(cpu_noise.v) == cuda_noise);
+    // Rounding of any float32 (NaN, inf and values near the top included) with that noise.
+    uint32_t bits = rng();
+    if (r % 7 == 0) bits = (bits & 0x807FFFFFu) | 0x7F800000u;   // inf / NaN
+    if (r % 11 == 0) bits = (bits & 0x8000FFFFu) | 0x7F7F0000u;  // the largest binade
+    const float x = k::lowbit_float(bits);
+    uint16_t cpu_bits = 0;
+    isa::store_bf16_stochastic(V(x), cpu_noise & I::from_u32(0xFFFFu),
+                               reinterpret_cast<cpu::bf16*>(&cpu_bits));
+    REQUIRE(cpu_bits == k::lowbit_bf16_stochastic(x, cuda_noise & 0xFFFFu));
+  }
+  // The salt of a step: the formula the CPU op uses.
+  CHECK(k::lowbit_step_salt(3.f, 2) == 3u * 0x9E3779B9u + 2u * 0x7FEB352Du);
+}
+
+TEST_CASE("CUDA adam_lowbit_step_ math equals the CPU kernels bit for bit (bf16, every ISA)") {
+  const auto tables = runnable_tables();
+  REQUIRE(!tables.empty());
+  int mismatches = 0;
+  for (int flags = 0; flags < 256; ++flags) {
+    const k::OptimHyper h = lowbit_hyper(flags, k::StateFormat::kBFloat16, 256);
+    const float scale = (flags & 64) ? 512.f : 1.f, clip = (flags & 64) ? 0.7f : 1.f;
+    const float step = float(flags % 9 + 1);
+    const k::StepScalars s = k::step_scalars(h, h.lr, scale, clip, true, step);
+    const uint32_t salt = k::lowbit_step_salt(step, flags % 5);
+    // A range as the CPU op cuts them (starting on a multiple of 2^16), past 2^32 for some.
+    const int64_t sr_index = (flags % 3 == 0) ? (int64_t{1} << 32) + (3 << 16) : (flags % 3) << 16;
+    const LowbitCase start =
+        make_lowbit_case(1000 + flags % 37, flags, k::StateFormat::kBFloat16, 256, flags);
+    LowbitCase want = start;
+    cuda_bf16_step(want, h, s, sr_index, salt);
+    for (const cpu::CpuKernelTable* table : tables) {
+      LowbitCase got = start;
+      table->optim.adam(lowbit_tensor(got, sr_index, salt), h, s, nullptr, nullptr);
+      const std::string diff = lowbit_mismatch(got, want);
+      if (!diff.empty() && mismatches++ < 10) {
+        UNSCOPED_INFO("bf16 flags " << flags << " isa " << cpu::isa_name(table->isa) << ":"
+                                    << diff);
+      }
+    }
+  }
+  CHECK(mismatches == 0);
+}
+
+TEST_CASE("CUDA adam_lowbit_step_ math equals the CPU kernels bit for bit (int8, every ISA)") {
+  const auto tables = runnable_tables();
+  REQUIRE(!tables.empty());
+  int mismatches = 0;
+  for (const int32_t block : {8, 64, 256, 4096}) {
+    for (int flags = 0; flags < 256; flags += (block == 4096 ? 5 : 1)) {
+      const k::OptimHyper h = lowbit_hyper(flags, k::StateFormat::kInt8, block);
+      const float scale = (flags & 64) ? 512.f : 1.f, clip = (flags & 64) ? 0.7f : 1.f;
+      const float step = float(flags % 9 + 1);
+      const k::StepScalars s = k::step_scalars(h, h.lr, scale, clip, true, step);
+      const int64_t n = 4 * block + 1 + flags % 7;  // a short last block
+      const LowbitCase start = make_lowbit_case(n, flags, k::StateFormat::kInt8, block, flags);
+      LowbitCase want = start;
+      cuda_int8_step(want, h, s);
+      for (const cpu::CpuKernelTable* table : tables) {
+        LowbitCase got = start;
+        table->optim.adam(lowbit_tensor(got, 0, 0), h, s, nullptr, nullptr);
+        const std::string diff = lowbit_mismatch(got, want);
+        if (!diff.empty() && mismatches++ < 10) {
+          UNSCOPED_INFO("int8 block " << block << " flags " << flags << " isa "
+                                      << cpu::isa_name(table->isa) << ":" << diff);
+        }
+      }
+    }
+  }
+  CHECK(mismatches == 0);
 }

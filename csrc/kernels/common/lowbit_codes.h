@@ -1,5 +1,6 @@
-// The int8 optimizer-state codes (state_dtype "int8") as scalar __host__ __device__ functions: the
-// CUDA kernels' element math, the same integer and IEEE-rounded operations as the CPU kernels'
+// The low-bit optimizer-state codes as scalar __host__ __device__ functions: the int8 maps
+// (state_dtype "int8") and bf16's stochastic rounding and its hash (state_dtype "bf16"). They are
+// the CUDA kernels' element math, the same integer and IEEE-rounded operations as the CPU kernels'
 // vector code (kernels/cpu/lowbit_state.h, which documents the maps); tests compare the two bit
 // for bit (tests/cpp/test_cuda_math_host.cpp).
 //
@@ -72,6 +73,49 @@ TORCHSPEED_HD int8_t lowbit_encode_m(float m, float inv) {
 TORCHSPEED_HD uint8_t lowbit_encode_v(float v, float inv) {
   const float x = f_mul(v, inv);
   return static_cast<uint8_t>(lowbit_code(x > 0.f ? x : 0.f, kLowbitVOffset, 255));
+}
+
+/// The running absmax of a block's first moments: max |m| (NaN skipped; starts at +0).
+TORCHSPEED_HD float lowbit_absmax_m(float acc, float m) {
+  const float a = lowbit_float(lowbit_bits(m) & 0x7FFFFFFFu);
+  return a > acc ? a : acc;
+}
+/// The running absmax of a block's second moments: max v (NaN and negatives skipped; starts at +0).
+TORCHSPEED_HD float lowbit_absmax_v(float acc, float v) { return v > acc ? v : acc; }
+
+// ---- bf16 moments: stochastic rounding ----------------------------------------------------------
+
+/// The stochastic-rounding seed of one param's bf16 moments in one step: its (already incremented)
+/// step count and its position in the op's param list.
+TORCHSPEED_HD uint32_t lowbit_step_salt(float step, int64_t position) {
+  return static_cast<uint32_t>(step) * 0x9E3779B9u + static_cast<uint32_t>(position) * 0x7FEB352Du;
+}
+
+/// 32 bits of noise for element `index` of a param (the CPU's sr_range_salt + sr_noise for one
+/// lane): murmur3's finaliser of the low 32 bits of the index, salted with the high 32. The first
+/// moment takes the high 16 bits, the second the low 16.
+TORCHSPEED_HD uint32_t lowbit_sr_noise(int64_t index, uint32_t salt) {
+  salt ^= static_cast<uint32_t>(static_cast<uint64_t>(index) >> 32) * 0x85EBCA77u;
+  uint32_t h = static_cast<uint32_t>(index) * 0x9E3779B1u ^ salt;
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+
+/// The bf16 bits of x rounded stochastically with 16 bits of noise: up with probability
+/// (dropped 16 bits) / 2^16. inf stays inf and NaN becomes the quiet 0x7fc0.
+TORCHSPEED_HD uint16_t lowbit_bf16_stochastic(float x, uint32_t noise16) {
+  const uint32_t u = lowbit_bits(x);
+  const uint32_t magnitude = u & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) return 0x7FC0u;
+  return static_cast<uint16_t>((u + (magnitude < 0x7F800000u ? noise16 : 0u)) >> 16);
+}
+
+/// The float32 value of bf16 bits (exact).
+TORCHSPEED_HD float lowbit_bf16_value(uint16_t bits) {
+  return lowbit_float(static_cast<uint32_t>(bits) << 16);
 }
 
 }  // namespace torchspeed::kernels

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/common/lowbit_codes.h"
 #include "kernels/common/step_scalars.h"
 #include "kernels/cpu/dispatch.h"
 #include "ops/cpu/chunking.h"
@@ -67,7 +68,7 @@ void run_fused_step(const FusedStep& a) {
       step = (*step_ptr += 1.f);
     }
     scalars[i] = kernels::step_scalars(a.hyper, lr, scale, clip, !a.steps.empty(), step);
-    salts[i] = static_cast<uint32_t>(step) * 0x9E3779B9u + static_cast<uint32_t>(i) * 0x7FEB352Du;
+    salts[i] = kernels::lowbit_step_salt(step, static_cast<int64_t>(i));  // as the CUDA kernel
   }
 
   const std::vector<at::Tensor> grads = a.grads_like_params();

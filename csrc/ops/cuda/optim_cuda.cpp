@@ -1,6 +1,7 @@
-// CUDA implementation of the fused optimizer steps (adam_step_, sgd_step_, lion_step_,
-// lamb_step_): takes the validated FusedStep (the hyperparameters rounded on the host as for the
-// CPU) and hands raw pointers to kernels/cuda/optim.cu on the current stream. lr_tensor,
+// CUDA implementation of the fused optimizer steps (adam_step_, adam_lowbit_step_, sgd_step_,
+// lion_step_, lamb_step_): takes the validated FusedStep (the hyperparameters rounded on the host
+// as for the CPU) and hands raw pointers to kernels/cuda/optim.cu (optim_lowbit.cu for low-bit
+// moments) on the current stream. lr_tensor,
 // grad_scale, found_inf, clip_coef and the steps are only read on the device: no .item(), no host
 // sync, CUDA-graph capturable.
 #include <ATen/ATen.h>
@@ -23,10 +24,6 @@ void run_fused_step(const FusedStep& a) {
   const at::Device device = a.params[0].device();
   TORCH_CHECK(device.is_cuda(), "torchspeed.", a.op, ": params must be on a CUDA device, got ",
               device);
-  // Low-bit moments have CPU kernels only so far (see docs/OPTIM.md, "Low-bit optimizer state").
-  TORCH_CHECK(a.hyper.state_format == kernels::StateFormat::kFloat, "torchspeed.", a.op,
-              ": bfloat16 / int8 moments (state_dtype 'bf16' / 'int8') are not implemented on "
-              "CUDA yet; use state_dtype='fp32' for CUDA params");
   if (a.writes_overlap()) {
     // One param at a time, in list order (see the CPU driver).
     for (size_t i = 0; i < a.params.size(); ++i) run_fused_step(a.element(i));
@@ -48,6 +45,8 @@ void run_fused_step(const FusedStep& a) {
   const size_t n = a.params.size();
   const std::vector<at::Tensor> grads = a.grads_like_params();
   std::vector<kc::OptimTensor> list(n);
+  // Whole tensors: the low-bit moments' pointers (exp_avg_lp, ..., absmaxes) with sr_index 0; the
+  // kernels take each param's position in the list for the bf16 rounding's salt, as the CPU does.
   for (size_t i = 0; i < n; ++i) list[i] = a.tensor(i, grads[i], 0, a.params[i].numel());
   at::Tensor lamb_workspace;
   if (a.algo == kernels::OptimAlgo::kLamb) {

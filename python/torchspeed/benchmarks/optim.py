@@ -7,10 +7,12 @@ p2 written).
 Sets: (a) one flat 1e8 fp32 param; (b) ResNet-50's 161 tensors (25.6M) and a GPT-2-small-shaped
 transformer's 148 tensors (124M); (c) 10,000 tensors of 256-4096 elements; (d) bf16 + masters.
 On CPU, DeepSpeed's CPU Adam joins the anchors when it is installed (`pip install deepspeed`).
-Low-bit state (`--state-dtype`, default all three): torchspeed AdamW with state_dtype bf16 moves
-20 B per fp32 param (p4 g4 m2 v2 read, p4 m2 v2 written) and int8 16 B (+ 8 B of absmax per 256
-elements), against torch fused AdamW's 28 B in the same run. Tensors under 4096 elements keep
-fp32 moments under int8 (bytes counted as such).
+`--sets` picks the sets (flat, resnet50, gpt2-small, small, bf16-params; default all).
+Low-bit state (`--state-dtype`, default all three; CPU and CUDA): torchspeed AdamW with
+state_dtype bf16 moves 20 B per fp32 param (p4 g4 m2 v2 read, p4 m2 v2 written) and int8 16 B
+(+ 8 B of absmax per 256 elements), against torch fused AdamW's 28 B in the same run. Tensors
+under 4096 elements keep fp32 moments under int8 (bytes counted as such). On CUDA, frac_of_bw is
+the fraction of the measured device copy bandwidth.
 """
 
 import argparse
@@ -76,6 +78,9 @@ def make(shapes, dtype=torch.float32, device="cpu"):
     return params
 
 
+SET_KEYS = ("flat", "resnet50", "gpt2-small", "small", "bf16-params")
+
+
 def step_bytes(shapes, state_dtype: str) -> int:
     """Bytes an AdamW step moves over fp32 params of `shapes` with the given moment format."""
     total = 0
@@ -119,15 +124,21 @@ def main(argv=None):
         default="fp32,bf16,int8",
         help="comma-separated torchspeed AdamW state_dtype columns (fp32, bf16, int8)",
     )
+    ap.add_argument(
+        "--sets",
+        default=",".join(SET_KEYS),
+        help=f"comma-separated parameter sets to run ({', '.join(SET_KEYS)})",
+    )
     args = ap.parse_args(argv)
     dev = args.device
     state_dtypes = [s for s in args.state_dtype.split(",") if s]
     for s in state_dtypes:
         if s not in ("fp32", "bf16", "int8"):
             ap.error(f"--state-dtype: {s!r} is not one of fp32, bf16, int8")
-    if not dev.startswith("cpu") and state_dtypes != ["fp32"]:
-        print("low-bit state has CPU kernels only so far: bf16/int8 columns skipped", flush=True)
-        state_dtypes = [s for s in state_dtypes if s == "fp32"]
+    only = [s for s in args.sets.split(",") if s]
+    for s in only:
+        if s not in SET_KEYS:
+            ap.error(f"--sets: {s!r} is not one of {', '.join(SET_KEYS)}")
     reps = 3 if args.quick else 7
     flat = 20_000_000 if args.quick else 100_000_000
     if dev.startswith("cuda") and not args.quick:
@@ -135,10 +146,14 @@ def main(argv=None):
     g = torch.Generator().manual_seed(1)
     small = [(int(n),) for n in torch.randint(256, 4097, (10_000,), generator=g)]
     sets = [
-        (f"flat {flat / 1e6:.0f}M fp32", [(flat,)]),
-        ("resnet50 161 t 25.6M", resnet50_shapes()),
-        ("gpt2-small 148 t 124M", gpt2_small_shapes()),
-        ("10k small tensors", small),
+        (key, name, shapes)
+        for key, name, shapes in [
+            ("flat", f"flat {flat / 1e6:.0f}M fp32", [(flat,)]),
+            ("resnet50", "resnet50 161 t 25.6M", resnet50_shapes()),
+            ("gpt2-small", "gpt2-small 148 t 124M", gpt2_small_shapes()),
+            ("small", "10k small tensors", small),
+        ]
+        if key in only
     ]
     h = Harness(
         "bench_optim",
@@ -146,7 +161,7 @@ def main(argv=None):
         device=dev,
     )
     ds_adam = deepspeed_cpu_adamw() if dev == "cpu" and not args.quick else None
-    for name, shapes in sets:
+    for _, name, shapes in sets:
         n = sum(torch.Size(s).numel() for s in shapes)
         variants = [
             ("torch AdamW for-loop", dict(foreach=False), torch.optim.AdamW, True),
@@ -175,6 +190,9 @@ def main(argv=None):
             )
             del opt, params
             gc.collect()
+    if "bf16-params" not in only:
+        h.finish()
+        return 0
     # (d) bf16 params + bf16 grads with fp32 masters (28 B/param) vs torch fused AdamW on bf16
     # params (no master: bf16 moments, 14 B/param, less accurate) and fp32 torch fused (28 B).
     shapes = gpt2_small_shapes()

@@ -3,6 +3,8 @@ a float64 reference of the same quantized algorithm (dequantize -> update -> req
 bit-identical on every CPU ISA, the quantization error bound, bf16's stochastic rounding, the
 GradScaler skip, state_dict interop in every direction, bad input, and a model that learns."""
 
+import os
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -447,3 +449,205 @@ def test_encode_decode_opcheck_and_state_format():
     fmt = torch.ops.torchspeed.lowbit_state_format
     assert fmt("int8", 4095, 4096, 256) == "fp32" and fmt("int8", 4096, 4096, 256) == "int8"
     assert fmt("bf16", 1, 4096, 256) == "bf16"
+
+
+# ---- CUDA: the CPU op's bits -----------------------------------------------------------------------
+# adam_lowbit_step_ on CUDA against the CPU op on identical inputs, bit for bit (params, masters,
+# EMAs, bf16 moments / int8 codes and absmaxes), one call over several params (a multi-chunk one, a
+# non-contiguous one, short last blocks), with device scalars; then graph capture and the sync-free
+# check. Skipped without a GPU or a CUDA build; TORCHSPEED_CUDA_TESTS_ON_CPU=1 runs the "CUDA" side
+# on the CPU (a dry run of this code, proving nothing about the kernels).
+
+_CUDA_ON_CPU = os.environ.get("TORCHSPEED_CUDA_TESTS_ON_CPU") == "1"
+CUDA = "cpu" if _CUDA_ON_CPU else "cuda"
+
+
+def _cuda_skip_reason():
+    if _CUDA_ON_CPU:
+        return None
+    if not torch.cuda.is_available():
+        return "needs a CUDA device"
+    if not getattr(torchspeed._C, "with_cuda", False):
+        return "torchspeed built without CUDA"
+    return None
+
+
+needs_cuda = pytest.mark.skipif(_cuda_skip_reason() is not None, reason=str(_cuda_skip_reason()))
+needs_real_cuda = pytest.mark.skipif(_CUDA_ON_CPU, reason="needs a CUDA device (CPU dry run)")
+
+# name: (state_block, bf16 params with masters + mask + EMA, device scalars, op keywords)
+CUDA_VARIANTS = {
+    "adamw": (256, False, False, dict(weight_decay=1e-2, maximize=False, decoupled=True)),
+    "adam_l2_maximize": (8, False, False, dict(weight_decay=0.1, maximize=True, decoupled=False)),
+    "masters_mask_ema_scalars": (
+        4096,
+        True,
+        True,
+        dict(weight_decay=1e-2, maximize=False, decoupled=True),
+    ),
+}
+
+
+def _bits(t):
+    """The bytes of t's elements (a NaN equals the same NaN, unlike torch.equal)."""
+    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
+
+
+def _lowbit_inputs(state_dtype, block, mixed, seed=0):
+    """One adam_lowbit_step_ call's tensors on the CPU: params over two 64K chunks, a transposed
+    (non-contiguous) one, tiny ones; an inf and a NaN grad in one tensor."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(70001,), (7, 300), (13,), (4096,)]
+    params = [torch.randn(s, generator=g) for s in shapes]
+    params[1] = params[1].t()  # laid out column-major: state follows the param's layout
+    d = dict(params=[], exp_avgs=[], exp_avg_sqs=[], exp_avg_absmaxes=[], exp_avg_sq_absmaxes=[])
+    d.update(masters=[], steps=[], masks=[], emas=[])
+    for p in params:
+        m = torch.randn(p.shape, generator=g) * 1e-2
+        v = m * m + torch.rand(p.shape, generator=g) * 1e-5
+        if state_dtype == "bf16":
+            d["exp_avgs"].append(torch.empty_like(p, dtype=torch.bfloat16).copy_(m))
+            d["exp_avg_sqs"].append(torch.empty_like(p, dtype=torch.bfloat16).copy_(v))
+        else:
+            # Codes in the param's memory order: encode the values laid out as the param is.
+            mem_m = m.t().contiguous() if p is params[1] else m.contiguous()
+            mem_v = v.t().contiguous() if p is params[1] else v.contiguous()
+            mc, ma = torch.ops.torchspeed.lowbit_encode(mem_m.reshape(-1), True, block)
+            vc, va = torch.ops.torchspeed.lowbit_encode(mem_v.reshape(-1), False, block)
+            mc, vc = mc.reshape(mem_m.shape), vc.reshape(mem_m.shape)
+            d["exp_avgs"].append(mc.t() if p is params[1] else mc)
+            d["exp_avg_sqs"].append(vc.t() if p is params[1] else vc)
+            d["exp_avg_absmaxes"].append(ma)
+            d["exp_avg_sq_absmaxes"].append(va)
+        d["steps"].append(torch.tensor(2.0))
+        if mixed:
+            d["masters"].append(p.clone())
+            d["params"].append(p.to(torch.bfloat16))
+            d["masks"].append(torch.randint(0, 256, ((p.numel() + 7) // 8,), generator=g).byte())
+            d["emas"].append(p.clone())
+        else:
+            d["params"].append(p)
+    return d
+
+
+def _lowbit_grads(d, seed):
+    g = torch.Generator().manual_seed(seed)
+    grads = [torch.randn(p.shape, generator=g).to(p.dtype) * 0.1 for p in d["params"]]
+    grads[0][5] = float("inf")  # an int8 block with an infinite moment: absmax inf, codes 0
+    grads[0][70000] = float("nan")  # the last chunk's short block: NaN skipped by the absmax
+    return grads
+
+
+def _to_device(d, device):
+    """A copy of the call's tensors on `device`, with the same strides."""
+    out = {}
+    for k, ts in d.items():
+        out[k] = [
+            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).copy_(t)
+            for t in ts
+        ]
+    return out
+
+
+def _lowbit_step(d, grads, block, kw, scalars=None):
+    torch.ops.torchspeed.adam_lowbit_step_(
+        d["params"],
+        grads,
+        d["exp_avgs"],
+        d["exp_avg_sqs"],
+        d["exp_avg_absmaxes"],
+        d["exp_avg_sq_absmaxes"],
+        d["masters"],
+        d["steps"],
+        d["masks"],
+        d["emas"],
+        state_block=block,
+        lr=1e-2,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        weight_decay=kw["weight_decay"],
+        maximize=kw["maximize"],
+        decoupled_weight_decay=kw["decoupled"],
+        ema_decay=0.99 if d["emas"] else 0.0,
+        **(scalars or {}),
+    )
+
+
+def _device_scalars(device, step):
+    """lr, AMP scale, clip coefficient and found_inf as device tensors; the third step is skipped."""
+    return dict(
+        lr_tensor=torch.tensor(3e-3 * (step + 1), device=device),
+        grad_scale=torch.tensor(1024.0, device=device),
+        clip_coef=torch.tensor(0.75, device=device),
+        found_inf=torch.tensor(1.0 if step == 2 else 0.0, device=device),
+    )
+
+
+def _assert_same_bits(cpu, dev, where):
+    for key in cpu:
+        for i, (a, b) in enumerate(zip(cpu[key], dev[key])):
+            assert torch.equal(_bits(a), _bits(b)), f"{where}: {key}[{i}] differs"
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", list(CUDA_VARIANTS))
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_cuda_low_bit_step_equals_the_cpu_step_bitwise(state_dtype, variant):
+    block, mixed, with_scalars, kw = CUDA_VARIANTS[variant]
+    cpu = _lowbit_inputs(state_dtype, block, mixed)
+    dev = _to_device(cpu, CUDA)
+    for step in range(4):
+        grads = _lowbit_grads(cpu, 100 + step)
+        if with_scalars:
+            grads = [(g.float() * 1024).to(g.dtype) for g in grads]
+        _lowbit_step(cpu, grads, block, kw, _device_scalars("cpu", step) if with_scalars else None)
+        _lowbit_step(
+            dev,
+            [g.to(CUDA) for g in grads],
+            block,
+            kw,
+            _device_scalars(CUDA, step) if with_scalars else None,
+        )
+        _assert_same_bits(cpu, dev, f"{state_dtype} {variant} step {step}")
+    # The step counts moved on the device too (and the found_inf step left them).
+    assert [s.item() for s in dev["steps"]] == [s.item() for s in cpu["steps"]]
+
+
+@needs_cuda
+@needs_real_cuda
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_cuda_low_bit_step_captures_in_a_graph_and_never_syncs(state_dtype):
+    kw = CUDA_VARIANTS["masters_mask_ema_scalars"][3]
+    base = _lowbit_inputs(state_dtype, 256, mixed=True)
+    eager, graphed = _to_device(base, "cuda"), _to_device(base, "cuda")
+    # Inputs made before the sync check: a host -> device copy synchronises.
+    all_grads = [[g.cuda() for g in _lowbit_grads(base, 200 + s)] for s in range(3)]
+    all_scalars = [_device_scalars("cuda", s) for s in range(3)]
+    static_grads = [g.clone() for g in all_grads[0]]
+    static_scalars = _device_scalars("cuda", 0)
+    # Warm up on a side stream (as torch.cuda.graphs asks), on a throwaway copy of the state.
+    warm = _to_device(base, "cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _lowbit_step(warm, static_grads, 256, kw, static_scalars)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _lowbit_step(graphed, static_grads, 256, kw, static_scalars)
+    # Capture ran nothing: the graphed state is still the initial one.
+    _assert_same_bits(_to_device(base, "cuda"), graphed, "after capture")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for s in range(3):
+            for dst, src in zip(static_grads, all_grads[s]):
+                dst.copy_(src)
+            for k, t in all_scalars[s].items():
+                static_scalars[k].copy_(t)
+            graph.replay()
+            _lowbit_step(eager, all_grads[s], 256, kw, all_scalars[s])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    _assert_same_bits(eager, graphed, f"{state_dtype} graph replay")
