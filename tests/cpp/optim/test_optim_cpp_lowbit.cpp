@@ -24,8 +24,8 @@ using torchspeed::optim::AdamWOptions;
 constexpr int64_t kBlock = 256;
 
 // 4270 elements (int8 under the default min_lowbit_numel, 17 blocks with a short last one), 5120
-// (20 full blocks), 100 (under min_lowbit_numel: fp32 under "int8") and a bfloat16 param of 4500
-// elements (updated through an fp32 master: its own bucket).
+// (20 full blocks), 100 (under min_lowbit_numel: fp32 under "int8"), a bfloat16 param of 4500
+// elements (updated through an fp32 master: its own bucket) and a channels_last one.
 ParamList make_params() {
   torch::manual_seed(0);
   ParamList out;
@@ -33,18 +33,32 @@ ParamList make_params() {
     out.push_back(torch::randn(shape).requires_grad_(true));
   }
   out.push_back(torch::randn({4500}).to(at::kBFloat16).requires_grad_(true));
+  // channels_last, 5376 elements: the int8 blocks run over its memory order.
+  out.push_back(
+      torch::randn({8, 16, 6, 7}).contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true));
   return out;
 }
 
 ParamList clone_params(const ParamList& ps) {
   ParamList out;
-  for (const auto& p : ps) out.push_back(p.detach().clone().requires_grad_(true));
+  for (const auto& p : ps) {
+    out.push_back(p.detach().clone(at::MemoryFormat::Preserve).requires_grad_(true));
+  }
   return out;
 }
 
 void set_grads(ParamList& ps, int step) {
   torch::manual_seed(100 + step);
-  for (auto& p : ps) p.mutable_grad() = (torch::randn(p.sizes()) * 0.1).to(p.scalar_type());
+  for (auto& p : ps) {
+    p.mutable_grad() =
+        (torch::randn(p.sizes()) * 0.1).to(p.scalar_type()).contiguous(p.suggest_memory_format());
+  }
+}
+
+// The elements of a param-shaped tensor in memory order (contiguous or channels_last).
+torch::Tensor memory_order(const torch::Tensor& t) {
+  if (t.dim() == 4 && !t.is_contiguous()) return t.permute({0, 2, 3, 1}).reshape({-1});
+  return t.reshape({-1});
 }
 
 const AdamParamState& state_of(const torch::optim::Optimizer& opt, const torch::Tensor& p) {
@@ -75,8 +89,8 @@ RefState fresh_state(const torch::Tensor& p, const std::string& format) {
   RefState s;
   const auto dtype_m = format == "int8" ? at::kChar : format == "bf16" ? at::kBFloat16 : at::kFloat;
   const auto dtype_v = format == "int8" ? at::kByte : dtype_m;
-  s.m = torch::zeros(p.sizes(), p.options().dtype(dtype_m));
-  s.v = torch::zeros(p.sizes(), p.options().dtype(dtype_v));
+  s.m = torch::zeros_like(p, p.options().dtype(dtype_m));  // laid out like p
+  s.v = torch::zeros_like(p, p.options().dtype(dtype_v));
   if (format == "int8") {
     s.am = torch::zeros({(p.numel() + kBlock - 1) / kBlock});
     s.av = s.am.clone();
@@ -225,6 +239,7 @@ TEST_CASE("low-bit AdamW/Adam steps equal adam_lowbit_step_ / adam_step_ called 
         REQUIRE(torch::equal(s.exp_avg_sq_absmax(), st[i].av));
       }
       REQUIRE(s.step().item<float>() == 6.f);
+      REQUIRE(s.exp_avg().strides() == ours[i].strides());
       // The step moved the param (a no-op on both sides would also compare equal).
       REQUIRE_FALSE(torch::equal(ours[i].detach(), make_params()[i].detach()));
     }
@@ -277,10 +292,11 @@ TEST_CASE("low-bit save/load round trip resumes exactly; a load converts to the 
       REQUIRE_FALSE(got.exp_avg_absmax().defined());
       if (src.exp_avg_absmax().defined()) {
         torchspeed::LowbitDecodeArgs d;
-        d.codes = src.exp_avg_sq();
+        const auto codes = memory_order(src.exp_avg_sq());
+        d.codes = codes;
         d.absmax = src.exp_avg_sq_absmax();
         d.state_block = kBlock;
-        REQUIRE(torch::equal(got.exp_avg_sq(), torchspeed::lowbit_decode(d)));
+        REQUIRE(torch::equal(memory_order(got.exp_avg_sq()), torchspeed::lowbit_decode(d)));
       } else {
         REQUIRE(torch::equal(got.exp_avg_sq(), src.exp_avg_sq().to(at::kFloat)));
       }
@@ -289,14 +305,18 @@ TEST_CASE("low-bit save/load round trip resumes exactly; a load converts to the 
     auto back = clone_params(ps);
     AdamW int8(back, AdamWOptions(1e-2).state_dtype("int8"));
     load_from_string(int8, save_to_string(fp32));
-    const auto& got = state_of(int8, back[0]);
-    torchspeed::LowbitEncodeArgs e;
-    e.values = state_of(fp32, plain[0]).exp_avg().reshape({-1});
-    e.state_block = kBlock;
-    const auto [codes, absmax] = torchspeed::lowbit_encode(e);
-    REQUIRE(got.exp_avg().scalar_type() == at::kChar);
-    REQUIRE(torch::equal(got.exp_avg().reshape({-1}), codes));
-    REQUIRE(torch::equal(got.exp_avg_absmax(), absmax));
+    for (size_t i : {0, 4}) {  // contiguous and channels_last
+      INFO("param " << i);
+      const auto& got = state_of(int8, back[i]);
+      torchspeed::LowbitEncodeArgs e;
+      e.values = memory_order(state_of(fp32, plain[i]).exp_avg());
+      e.state_block = kBlock;
+      const auto [codes, absmax] = torchspeed::lowbit_encode(e);
+      REQUIRE(got.exp_avg().scalar_type() == at::kChar);
+      REQUIRE(got.exp_avg().strides() == back[i].strides());
+      REQUIRE(torch::equal(memory_order(got.exp_avg()), codes));
+      REQUIRE(torch::equal(got.exp_avg_absmax(), absmax));
+    }
   }
 }
 
