@@ -474,3 +474,21 @@ TEST_CASE("a loaded low-bit state that does not match its group is refused; noth
   load_from_string(target, save_to_string(source));
   require_equal_state(state_of(target, copies[0]), good);
 }
+
+TEST_CASE("low-bit moments of a non-CPU param are refused before any call of the step runs",
+          "[lowbit]") {
+  // No GPU here: a meta param stands for a CUDA one (the check is "on the CPU", made while the
+  // step's calls are prepared, before the group's fp32 call could run).
+  ParamList ps = {torch::zeros({10}, torch::kMeta).requires_grad_(true),
+                  torch::zeros({5000}, torch::kMeta).requires_grad_(true)};
+  for (auto& p : ps) p.mutable_grad() = torch::zeros_like(p);
+  AdamW opt(ps, AdamWOptions(1e-2).state_dtype("int8"));
+  try {
+    opt.step();
+    FAIL("stepped int8 moments of a meta param");
+  } catch (const c10::ValueError& e) {
+    REQUIRE(std::string(e.what()).find("torchspeed.optim.AdamW: state_dtype 'int8' has CPU kernels "
+                                       "only for now") != std::string::npos);
+  }
+  REQUIRE(opt.state().empty());  // not even the fp32 param's state was committed
+}
