@@ -1,7 +1,7 @@
 // torchspeed::optim::Adam and AdamW (torchspeed/optim/adam.h): the step builder of adam_step_
 // (float32 moments) and adam_lowbit_step_ (state_dtype "bf16" / "int8").
 #include <array>
-#include <string>
+#include <utility>
 
 #include "optim/fused_step_builder.h"
 
@@ -19,11 +19,6 @@ struct FormatLists {
   std::vector<at::Tensor> exp_avgs, exp_avg_sqs, max_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes;
 };
 
-// fp32 moments go to adam_step_, bf16 and int8 ones to adam_lowbit_step_ (one call per format).
-int format_index(const std::string& format) {
-  return format == "fp32" ? 0 : format == "bf16" ? 1 : 2;
-}
-
 template <typename Options>
 at::Tensor adam_family_step(Optimizer& self, const char* name,
                             const Optimizer::LossClosure& closure, const GradScaling& scaling) {
@@ -39,56 +34,59 @@ at::Tensor adam_family_step(Optimizer& self, const char* name,
           // A param keeps the format of its stored moments (load converts them to the group's, as
           // Python's optimizer does); new moments get the group's format.
           const auto format_of = [&](const AdamParamState& s) {
-            std::string stored = stored_format(s);
-            return stored.empty() ? moment_format(o, p) : stored;
+            const MomentFormat stored = stored_format(s);
+            return stored == MomentFormat::kNone ? moment_format(o, p) : stored;
           };
           auto& s = state_of<AdamParamState>(
               self, staged, p, master, ema,
               [&](const AdamParamState& s) {
-                const std::string format = stored_format(s);
+                const MomentFormat format = stored_format(s);
                 return s.step().defined() && s.exp_avg().defined() && s.exp_avg_sq().defined() &&
-                       (!amsgrad || format != "fp32" || s.max_exp_avg_sq().defined()) &&
-                       (format != "int8" ||
+                       (!amsgrad || format != MomentFormat::kFp32 ||
+                        s.max_exp_avg_sq().defined()) &&
+                       (format != MomentFormat::kInt8 ||
                         (s.exp_avg_absmax().defined() && s.exp_avg_sq_absmax().defined()));
               },
               [&](AdamParamState& s) {
                 if (!s.step().defined()) s.step(zero_step(p));
-                const std::string format = format_of(s);
-                if (format == "fp32") {
+                const MomentFormat format = format_of(s);
+                if (format == MomentFormat::kFp32) {
                   if (!s.exp_avg().defined()) s.exp_avg(zeros_like_param(p));
                   if (!s.exp_avg_sq().defined()) s.exp_avg_sq(zeros_like_param(p));
                   if (amsgrad && !s.max_exp_avg_sq().defined()) {
                     s.max_exp_avg_sq(zeros_like_param(p));
                   }
                 } else if (!s.exp_avg().defined() || !s.exp_avg_sq().defined() ||
-                           (format == "int8" &&
+                           (format == MomentFormat::kInt8 &&
                             (!s.exp_avg_absmax().defined() || !s.exp_avg_sq_absmax().defined()))) {
                   set_moments(s, p, format, o.state_block(), at::Tensor(), at::Tensor());
                 }
               });
-          const std::string format = stored_format(s);
+          const MomentFormat format = stored_format(s);
           // Checked here, before any call of the step runs: the CUDA kernel refuses low-bit
           // moments only when it runs, after the group's fp32 call may have run.
-          TORCH_CHECK_VALUE(format == "fp32" || p.device().is_cpu(), "torchspeed.optim.", name,
-                            ": state_dtype '", format,
+          TORCH_CHECK_VALUE(format == MomentFormat::kFp32 || p.device().is_cpu(),
+                            "torchspeed.optim.", name, ": state_dtype '", format_name(format),
                             "' has CPU kernels only for now (the CUDA kernel is not written yet); "
                             "use state_dtype 'fp32' for params on ",
                             p.device());
-          FormatLists& l = by_format[format_index(format)];
+          // fp32 moments go to adam_step_, bf16 and int8 ones to adam_lowbit_step_.
+          FormatLists& l = by_format[static_cast<size_t>(format)];
           l.lists.add(p, s, master, ema);
           l.exp_avgs.push_back(s.exp_avg());
           l.exp_avg_sqs.push_back(s.exp_avg_sq());
-          if (amsgrad && format == "fp32") l.max_sqs.push_back(s.max_exp_avg_sq());
-          if (format == "int8") {
+          if (amsgrad && format == MomentFormat::kFp32) l.max_sqs.push_back(s.max_exp_avg_sq());
+          if (format == MomentFormat::kInt8) {
             l.exp_avg_absmaxes.push_back(s.exp_avg_absmax());
             l.exp_avg_sq_absmaxes.push_back(s.exp_avg_sq_absmax());
           }
         }
         for (size_t k = 0; k < by_format.size(); ++k) {
-          const FormatLists& l = by_format[k];
-          if (l.lists.params.empty()) continue;
-          if (k == 0) {
-            calls.push_back([=](bool validate_only) {
+          FormatLists& lists = by_format[k];
+          if (lists.lists.params.empty()) continue;
+          // The lists move into the call (a copy would cost a refcount pair per tensor).
+          if (k == static_cast<size_t>(MomentFormat::kFp32)) {
+            calls.push_back([=, l = std::move(lists)](bool validate_only) {
               AdamStepArgs a;
               set_common(a, l.lists, scalars);
               a.exp_avgs = l.exp_avgs;
@@ -104,7 +102,7 @@ at::Tensor adam_family_step(Optimizer& self, const char* name,
               run_or_validate(a, validate_only);
             });
           } else {
-            calls.push_back([=](bool validate_only) {
+            calls.push_back([=, l = std::move(lists)](bool validate_only) {
               AdamLowbitStepArgs a;
               set_common(a, l.lists, scalars);
               a.exp_avgs = l.exp_avgs;

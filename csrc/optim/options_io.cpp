@@ -247,33 +247,45 @@ void check_state_options(const char* optimizer, const std::string& where,
                     state_dtype, "'");
 }
 
-std::string stored_format(const AdamParamState& s) {
-  if (!s.exp_avg().defined()) return "";
+MomentFormat format_named(const std::string& name) {
+  if (name == "fp32") return MomentFormat::kFp32;
+  if (name == "bf16") return MomentFormat::kBf16;
+  TORCH_INTERNAL_ASSERT(name == "int8", "unknown moment format ", name);
+  return MomentFormat::kInt8;
+}
+
+const char* format_name(MomentFormat format) {
+  constexpr const char* kNames[] = {"fp32", "bf16", "int8", "none"};
+  return kNames[static_cast<int>(format)];
+}
+
+MomentFormat stored_format(const AdamParamState& s) {
+  if (!s.exp_avg().defined()) return MomentFormat::kNone;
   switch (s.exp_avg().scalar_type()) {
     case at::kBFloat16:
-      return "bf16";
+      return MomentFormat::kBf16;
     case at::kChar:
     case at::kByte:
-      return "int8";
+      return MomentFormat::kInt8;
     default:
-      return "fp32";
+      return MomentFormat::kFp32;
   }
 }
 
-void set_moments(AdamParamState& s, const at::Tensor& p, const std::string& format,
-                 int64_t state_block, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+void set_moments(AdamParamState& s, const at::Tensor& p, MomentFormat format, int64_t state_block,
+                 const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
   const at::Tensor m = exp_avg.defined() ? exp_avg : zeros_like_param(p);
   const at::Tensor v = exp_avg_sq.defined() ? exp_avg_sq : zeros_like_param(p);
   s.exp_avg_absmax(at::Tensor());
   s.exp_avg_sq_absmax(at::Tensor());
-  if (format == "fp32") {
+  if (format == MomentFormat::kFp32) {
     s.exp_avg(m);
     s.exp_avg_sq(v);
-  } else if (format == "bf16") {
+  } else if (format == MomentFormat::kBf16) {
     s.exp_avg(m.to(at::kBFloat16));
     s.exp_avg_sq(v.to(at::kBFloat16));
   } else {
-    TORCH_INTERNAL_ASSERT(format == "int8", "unknown moment format ", format);
+    TORCH_INTERNAL_ASSERT(format == MomentFormat::kInt8, "no moment format to set");
     // The step's own quantizer over the param's memory order (Python's _lowbit.to_format).
     LowbitEncodeArgs e;
     e.state_block = state_block;
@@ -337,7 +349,7 @@ at::Tensor moment_fp32(const at::Tensor& codes, const at::Tensor& absmax, const 
 }  // namespace
 
 void load_in_format(const char* optimizer, const std::string& where, AdamParamState& s,
-                    const at::Tensor& p, const std::string& format, int64_t state_block) {
+                    const at::Tensor& p, MomentFormat format, int64_t state_block) {
   const auto is_codes = [](const at::Tensor& t) {
     return t.defined() && (t.scalar_type() == at::kChar || t.scalar_type() == at::kByte);
   };

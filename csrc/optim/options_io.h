@@ -64,25 +64,32 @@ void check_state_options(const char* optimizer, const std::string& where,
                          const std::string& state_dtype, int64_t min_lowbit_numel,
                          int64_t state_block, bool amsgrad);
 
-// The moment format ("fp32", "bf16" or "int8") new or loaded moments of `p` get in a group.
+// A moment format: "fp32", "bf16", "int8" (an enum on the step path, which runs per param), or
+// none yet (a state without moments). The first three index the step's op calls.
+enum class MomentFormat : uint8_t { kFp32 = 0, kBf16 = 1, kInt8 = 2, kNone = 3 };
+MomentFormat format_named(const std::string& name);
+const char* format_name(MomentFormat format);
+
+// The format new or loaded moments of `p` get in a group (the validator's answer).
 template <class Options>
-std::string moment_format(const Options& o, const at::Tensor& p) {
-  return lowbit_state_format(o.state_dtype(), p.numel(), o.min_lowbit_numel(), o.state_block());
+MomentFormat moment_format(const Options& o, const at::Tensor& p) {
+  return format_named(::torchspeed::lowbit_state_format(o.state_dtype(), p.numel(),
+                                                        o.min_lowbit_numel(), o.state_block()));
 }
 
-// The format of a state's stored moments: "" when it has none yet, else by exp_avg's dtype.
-std::string stored_format(const AdamParamState& s);
+// The format of a state's stored moments, by exp_avg's dtype (kNone when it has none yet).
+MomentFormat stored_format(const AdamParamState& s);
 
-// Sets s's moments (and, for "int8", their absmaxes) in `format`, from float32 moments laid out
+// Sets s's moments (and, for int8, their absmaxes) in `format`, from float32 moments laid out
 // like `p` (undefined: zeros), encoded as the step encodes (lowbit_encode, bf16 rounds to nearest).
-void set_moments(AdamParamState& s, const at::Tensor& p, const std::string& format,
-                 int64_t state_block, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
+void set_moments(AdamParamState& s, const at::Tensor& p, MomentFormat format, int64_t state_block,
+                 const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
 
 // A loaded state (already placed on the param's device) checked as Python checks it (an int8
 // state's code dtypes and sizes, ceil(numel / state_block) finite absmaxes >= 0; one format for
 // both moments) and converted to `format`, the param's format in its group.
 void load_in_format(const char* optimizer, const std::string& where, AdamParamState& s,
-                    const at::Tensor& p, const std::string& format, int64_t state_block);
+                    const at::Tensor& p, MomentFormat format, int64_t state_block);
 
 // A load never changes an optimizer's state options (state_dtype, min_lowbit_numel, state_block),
 // as Python's `_kept_on_load`: the loaded moments are converted to them instead. Restores them
