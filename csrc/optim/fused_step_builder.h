@@ -222,8 +222,9 @@ at::Tensor run_fused_step(Optimizer& self, const char* name, const Optimizer::Lo
 }
 
 // torch::optim::serialize, then every option and state entry checked and the state converted
-// (float32 on the param's device, a 0-dim float32 step even from an int64 one); on any error the
-// optimizer is put back as it was before the load.
+// (float32 on the param's device, a 0-dim float32 step even from an int64 one; Adam's moments to
+// their group's format, load_in_group_format, under the optimizer's own state options, which a
+// load keeps); on any error the optimizer is put back as it was before the load.
 template <typename State, typename Options>
 void load_checked(const char* name, Optimizer& self, torch::serialize::InputArchive& archive) {
   Staged old_state;
@@ -232,16 +233,22 @@ void load_checked(const char* name, Optimizer& self, torch::serialize::InputArch
   for (const auto& group : self.param_groups()) old_options.push_back(group.options().clone());
   try {
     torch::optim::serialize<State, Options>(archive, self);
+    auto& groups = self.param_groups();
+    for (size_t g = 0; g < groups.size() && g < old_options.size(); ++g) {
+      keep_on_load(static_cast<Options&>(groups[g].options()),
+                   static_cast<const Options&>(*old_options[g]));
+    }
     check_all_groups<Options>(name, self);
-    const auto& groups = self.param_groups();
     for (size_t g = 0; g < groups.size(); ++g) {
       for (size_t i = 0; i < groups[g].params().size(); ++i) {
         const at::Tensor& p = groups[g].params()[i];
         auto it = self.state().find(p.unsafeGetTensorImpl());
         if (it == self.state().end()) continue;
         auto& s = static_cast<State&>(*it->second);
-        check_state(name, c10::str("state of param_groups[", g, "].params[", i, "]"), s, p);
+        const std::string where = c10::str("state of param_groups[", g, "].params[", i, "]");
+        check_state(name, where, s, p);
         place_state(s, p);
+        load_in_group_format(name, where, s, p, static_cast<const Options&>(groups[g].options()));
       }
     }
   } catch (...) {

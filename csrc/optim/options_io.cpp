@@ -56,6 +56,9 @@ void check_field(const char* name, const std::string& where, const char* field, 
   check_hyperparameter(name, where + field, v);
 }
 void check_field(const char*, const std::string&, const char*, bool, bool) {}
+// state_dtype, min_lowbit_numel and state_block are checked together (check_state_options).
+void check_field(const char*, const std::string&, const char*, const std::string&, bool) {}
+void check_field(const char*, const std::string&, const char*, int64_t, bool) {}
 void check_field(const char*, const std::string&, const char*, const std::optional<bool>&, bool) {}
 void check_field(const char* name, const std::string& where, const char* field,
                  const std::optional<double>& v, bool) {
@@ -84,12 +87,45 @@ Options fresh_options(const Options&) {
 }
 SGDOptions fresh_options(const SGDOptions& user) { return SGDOptions(user.lr()); }
 
+// Which state classes keep low-bit moments (bfloat16, int8/uint8 codes) as they are on load.
+template <class State>
+constexpr bool kHasLowbitMoments = false;
+template <>
+constexpr bool kHasLowbitMoments<AdamParamState> = true;
+
+bool is_lowbit_dtype(at::ScalarType t) {
+  return t == at::kBFloat16 || t == at::kChar || t == at::kByte;
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// The elements of a dense tensor in memory order (any memory format).
+at::Tensor flat_in_memory_order(const at::Tensor& t) { return t.as_strided({t.numel()}, {1}); }
+
+// A tensor of `dtype` laid out like `p` whose memory holds `flat` (memory order), as Python's
+// _lowbit._laid_out: int8 blocks run over the param's memory, whatever its memory format.
+at::Tensor laid_out_from_flat(const at::Tensor& flat, const at::Tensor& p, at::ScalarType dtype) {
+  at::Tensor out = at::empty_like(p, p.options().dtype(dtype));
+  flat_in_memory_order(out).copy_(flat.reshape({-1}));
+  return out;
+}
+
 // An undefined state tensor of a loaded state is left undefined; a defined one may sit on another
-// device, have another dtype or memory layout, or (step) another shape.
-void place_on(at::Tensor& t, const at::Tensor& p, bool is_step) {
+// device, have another dtype or memory layout, or (step) another shape. Low-bit moments keep their
+// dtype (their elements are copied in memory order, as Python's load does) and an absmax becomes
+// a flat contiguous float32 tensor; their sizes are checked by load_in_format.
+void place_on(at::Tensor& t, const at::Tensor& p, std::string_view name, bool lowbit_moments) {
   if (!t.defined()) return;
-  if (is_step) {
+  if (name == "step") {
     t = t.to(p.device(), at::kFloat).reshape({});
+  } else if (ends_with(name, "_absmax")) {
+    t = t.to(p.device(), at::kFloat).contiguous().reshape({-1});
+  } else if (lowbit_moments && is_lowbit_dtype(t.scalar_type())) {
+    if (t.device() != p.device() || !ops::laid_out_like(t, p)) {
+      t = laid_out_from_flat(t.contiguous().to(p.device()), p, t.scalar_type());
+    }
   } else if (t.device() != p.device() || t.scalar_type() != at::kFloat ||
              !ops::laid_out_like(t, p)) {
     t = like_param(t.to(p.device()).reshape(p.sizes()), p);
@@ -165,10 +201,12 @@ TORCHSPEED_DEFINE_OPTION_FUNCTIONS(LAMBOptions, TORCHSPEED_LAMB_OPTIONS)
     at::Tensor t;                            \
     if (archive.try_read(#name, t)) name(t); \
   }
-#define TORCHSPEED_STATE_PLACE(name) place_on(s.name(), p, std::string_view(#name) == "step");
-// Every state tensor must have its param's number of elements; `step` one.
+#define TORCHSPEED_STATE_PLACE(name) \
+  place_on(s.name(), p, #name, kHasLowbitMoments<std::decay_t<decltype(s)>>);
+// Every state tensor must have its param's number of elements; `step` one; an absmax is checked
+// with its format (load_in_format).
 #define TORCHSPEED_STATE_CHECK(name)                                                         \
-  if (s.name().defined()) {                                                                  \
+  if (s.name().defined() && !ends_with(#name, "_absmax")) {                                  \
     const bool is_step = std::string_view(#name) == "step";                                  \
     const int64_t want = is_step ? 1 : p.numel();                                            \
     TORCH_CHECK_VALUE(s.name().numel() == want, "torchspeed.optim.", optimizer, ": ", where, \
@@ -186,6 +224,151 @@ TORCHSPEED_DEFINE_STATE_FUNCTIONS(SGDParamState, TORCHSPEED_SGD_STATE)
 TORCHSPEED_DEFINE_STATE_FUNCTIONS(LionParamState, TORCHSPEED_LION_STATE)
 TORCHSPEED_DEFINE_STATE_FUNCTIONS(LAMBParamState, TORCHSPEED_LAMB_STATE)
 #undef TORCHSPEED_DEFINE_STATE_FUNCTIONS
+
+// ---- low-bit moments ----------------------------------------------------------------------------
+
+void check_state_options(const char* optimizer, const std::string& where,
+                         const std::string& state_dtype, int64_t min_lowbit_numel,
+                         int64_t state_block, bool amsgrad) {
+  try {
+    ::torchspeed::lowbit_state_format(state_dtype, 0, min_lowbit_numel, state_block);
+  } catch (const c10::ValueError& e) {
+    // The validator's first line without its op prefix, after the optimizer's (as Python's
+    // _lowbit._message): "torchspeed.optim.AdamW: param_groups[1].state_block must be ...".
+    std::string msg = e.msg().substr(0, e.msg().find('\n'));
+    if (msg.rfind("torchspeed.", 0) == 0 && msg.find(": ") != std::string::npos) {
+      msg = msg.substr(msg.find(": ") + 2);
+    }
+    TORCH_CHECK_VALUE(false, "torchspeed.optim.", optimizer, ": ", where, msg);
+  }
+  TORCH_CHECK_VALUE(!amsgrad || state_dtype == "fp32", "torchspeed.optim.", optimizer, ": ", where,
+                    "amsgrad needs state_dtype='fp32' (the running maximum of the second moment "
+                    "is kept in float32), got '",
+                    state_dtype, "'");
+}
+
+MomentFormat format_named(const std::string& name) {
+  if (name == "fp32") return MomentFormat::kFp32;
+  if (name == "bf16") return MomentFormat::kBf16;
+  TORCH_INTERNAL_ASSERT(name == "int8", "unknown moment format ", name);
+  return MomentFormat::kInt8;
+}
+
+const char* format_name(MomentFormat format) {
+  constexpr const char* kNames[] = {"fp32", "bf16", "int8", "none"};
+  return kNames[static_cast<int>(format)];
+}
+
+MomentFormat stored_format(const AdamParamState& s) {
+  if (!s.exp_avg().defined()) return MomentFormat::kNone;
+  switch (s.exp_avg().scalar_type()) {
+    case at::kBFloat16:
+      return MomentFormat::kBf16;
+    case at::kChar:
+    case at::kByte:
+      return MomentFormat::kInt8;
+    default:
+      return MomentFormat::kFp32;
+  }
+}
+
+void set_moments(AdamParamState& s, const at::Tensor& p, MomentFormat format, int64_t state_block,
+                 const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+  const at::Tensor m = exp_avg.defined() ? exp_avg : zeros_like_param(p);
+  const at::Tensor v = exp_avg_sq.defined() ? exp_avg_sq : zeros_like_param(p);
+  s.exp_avg_absmax(at::Tensor());
+  s.exp_avg_sq_absmax(at::Tensor());
+  if (format == MomentFormat::kFp32) {
+    s.exp_avg(m);
+    s.exp_avg_sq(v);
+  } else if (format == MomentFormat::kBf16) {
+    s.exp_avg(m.to(at::kBFloat16));
+    s.exp_avg_sq(v.to(at::kBFloat16));
+  } else {
+    TORCH_INTERNAL_ASSERT(format == MomentFormat::kInt8, "no moment format to set");
+    // The step's own quantizer over the param's memory order (Python's _lowbit.to_format).
+    LowbitEncodeArgs e;
+    e.state_block = state_block;
+    e.values = flat_in_memory_order(m).contiguous();
+    e.is_signed = true;
+    const auto [m_codes, m_absmax] = lowbit_encode(e);
+    e.values = flat_in_memory_order(v).contiguous();
+    e.is_signed = false;
+    const auto [v_codes, v_absmax] = lowbit_encode(e);
+    s.exp_avg(laid_out_from_flat(m_codes, p, at::kChar));
+    s.exp_avg_sq(laid_out_from_flat(v_codes, p, at::kByte));
+    s.exp_avg_absmax(m_absmax.to(p.device()));
+    s.exp_avg_sq_absmax(v_absmax.to(p.device()));
+  }
+}
+
+namespace {
+
+// An int8 state as Python's Adam._check_int8_state: codes of the param's numel, one finite
+// absmax >= 0 per block of the group's state_block.
+void check_int8_state(const char* optimizer, const std::string& where, const AdamParamState& s,
+                      const at::Tensor& p, int64_t state_block) {
+  const int64_t blocks = (p.numel() + state_block - 1) / state_block;
+  const struct {
+    const char* key;
+    const at::Tensor& t;
+    at::ScalarType dtype;
+    int64_t numel;
+  } wants[] = {{"exp_avg", s.exp_avg(), at::kChar, p.numel()},
+               {"exp_avg_sq", s.exp_avg_sq(), at::kByte, p.numel()},
+               {"exp_avg_absmax", s.exp_avg_absmax(), at::kFloat, blocks},
+               {"exp_avg_sq_absmax", s.exp_avg_sq_absmax(), at::kFloat, blocks}};
+  for (const auto& w : wants) {
+    TORCH_CHECK_VALUE(
+        w.t.defined() && w.t.scalar_type() == w.dtype && w.t.numel() == w.numel,
+        "torchspeed.optim.", optimizer, ": ", where, ".", w.key, " of an int8 state must be ",
+        w.dtype, " with ", w.numel, " elements (state_block ", state_block, "), got ",
+        w.t.defined() ? c10::str(w.t.scalar_type(), " with ", w.t.numel(), " elements")
+                      : std::string("None"));
+  }
+  for (const auto& w : {wants[2], wants[3]}) {
+    const bool ok =
+        w.t.numel() == 0 || (at::isfinite(w.t).all().item<bool>() && !(w.t < 0).any().item<bool>());
+    TORCH_CHECK_VALUE(ok, "torchspeed.optim.", optimizer, ": ", where, ".", w.key,
+                      " must hold finite values >= 0 (one absmax per block), got min ",
+                      w.t.min().item<float>(), " max ", w.t.max().item<float>());
+  }
+}
+
+// float32 moments laid out like p, from a state of any stored format (int8: the step's decoder).
+at::Tensor moment_fp32(const at::Tensor& codes, const at::Tensor& absmax, const at::Tensor& p,
+                       int64_t state_block) {
+  if (!absmax.defined()) return codes.to(at::kFloat);
+  LowbitDecodeArgs d;
+  d.codes = flat_in_memory_order(codes);
+  d.absmax = absmax;
+  d.state_block = state_block;
+  return laid_out_from_flat(lowbit_decode(d), p, at::kFloat);
+}
+
+}  // namespace
+
+void load_in_format(const char* optimizer, const std::string& where, AdamParamState& s,
+                    const at::Tensor& p, MomentFormat format, int64_t state_block) {
+  const auto is_codes = [](const at::Tensor& t) {
+    return t.defined() && (t.scalar_type() == at::kChar || t.scalar_type() == at::kByte);
+  };
+  if (s.exp_avg_absmax().defined() || s.exp_avg_sq_absmax().defined() || is_codes(s.exp_avg()) ||
+      is_codes(s.exp_avg_sq())) {
+    check_int8_state(optimizer, where, s, p, state_block);
+  } else if (s.exp_avg().defined() && s.exp_avg_sq().defined()) {
+    TORCH_CHECK_VALUE(s.exp_avg().scalar_type() == s.exp_avg_sq().scalar_type(),
+                      "torchspeed.optim.", optimizer, ": ", where,
+                      ": exp_avg and exp_avg_sq must have one format, got ",
+                      s.exp_avg().scalar_type(), " and ", s.exp_avg_sq().scalar_type());
+  }
+  // Missing moments are created by the next step, in the group's format.
+  if (!s.exp_avg().defined() || !s.exp_avg_sq().defined()) return;
+  if (stored_format(s) == format) return;
+  const at::Tensor m = moment_fp32(s.exp_avg(), s.exp_avg_absmax(), p, state_block);
+  const at::Tensor v = moment_fp32(s.exp_avg_sq(), s.exp_avg_sq_absmax(), p, state_block);
+  set_moments(s, p, format, state_block, m, v);
+}
 
 }  // namespace detail
 

@@ -6,9 +6,12 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 
+#include "torchspeed/ops/optim.h"
 #include "torchspeed/optim/adam.h"
 #include "torchspeed/optim/hyperparams.h"
 #include "torchspeed/optim/lamb.h"
@@ -31,8 +34,9 @@ TORCHSPEED_DECLARE_OPTION_FUNCTIONS(LionOptions)
 TORCHSPEED_DECLARE_OPTION_FUNCTIONS(LAMBOptions)
 #undef TORCHSPEED_DECLARE_OPTION_FUNCTIONS
 
-// Every state tensor must have its param's number of elements (`step` one); loaded state is moved
-// to the param's device, float32 and memory layout.
+// Every state tensor must have its param's number of elements (`step` one; an `*_absmax` is checked
+// with its format by load_in_format); loaded state is moved to the param's device and memory
+// layout, in float32 (Adam's low-bit moment codes keep their dtype and memory order).
 #define TORCHSPEED_DECLARE_STATE_FUNCTIONS(State)                                   \
   void place_state(State& s, const at::Tensor& p);                                  \
   void check_state(const char* optimizer, const std::string& where, const State& s, \
@@ -52,8 +56,71 @@ at::Tensor zeros_like_param(const at::Tensor& p);
 at::Tensor zero_step(const at::Tensor& p);
 std::string group_prefix(size_t g);
 
-// Every field, then SGD's cross-field rule: as torch, the defaults need momentum for nesterov; in
-// a group without momentum it is plain SGD.
+// ---- low-bit moments (Adam, AdamW: state_dtype, min_lowbit_numel, state_block) ----------------
+
+// The state options through their one validator, torchspeed::lowbit_state_format (its message,
+// prefixed by the optimizer and `where`, as Python words it), then: amsgrad needs "fp32".
+void check_state_options(const char* optimizer, const std::string& where,
+                         const std::string& state_dtype, int64_t min_lowbit_numel,
+                         int64_t state_block, bool amsgrad);
+
+// A moment format: "fp32", "bf16", "int8" (an enum on the step path, which runs per param), or
+// none yet (a state without moments). The first three index the step's op calls.
+enum class MomentFormat : uint8_t { kFp32 = 0, kBf16 = 1, kInt8 = 2, kNone = 3 };
+MomentFormat format_named(const std::string& name);
+const char* format_name(MomentFormat format);
+
+// The format new or loaded moments of `p` get in a group (the validator's answer).
+template <class Options>
+MomentFormat moment_format(const Options& o, const at::Tensor& p) {
+  return format_named(::torchspeed::lowbit_state_format(o.state_dtype(), p.numel(),
+                                                        o.min_lowbit_numel(), o.state_block()));
+}
+
+// The format of a state's stored moments, by exp_avg's dtype (kNone when it has none yet).
+MomentFormat stored_format(const AdamParamState& s);
+
+// Sets s's moments (and, for int8, their absmaxes) in `format`, from float32 moments laid out
+// like `p` (undefined: zeros), encoded as the step encodes (lowbit_encode, bf16 rounds to nearest).
+void set_moments(AdamParamState& s, const at::Tensor& p, MomentFormat format, int64_t state_block,
+                 const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
+
+// A loaded state (already placed on the param's device) checked as Python checks it (an int8
+// state's code dtypes and sizes, ceil(numel / state_block) finite absmaxes >= 0; one format for
+// both moments) and converted to `format`, the param's format in its group.
+void load_in_format(const char* optimizer, const std::string& where, AdamParamState& s,
+                    const at::Tensor& p, MomentFormat format, int64_t state_block);
+
+// A load never changes an optimizer's state options (state_dtype, min_lowbit_numel, state_block),
+// as Python's `_kept_on_load`: the loaded moments are converted to them instead. Restores them
+// from the group's options before the load.
+template <class Options>
+void keep_on_load(Options&, const Options&) {}
+template <class Options>
+void keep_state_options(Options& loaded, const Options& own) {
+  loaded.state_dtype(own.state_dtype());
+  loaded.min_lowbit_numel(own.min_lowbit_numel());
+  loaded.state_block(own.state_block());
+}
+inline void keep_on_load(AdamOptions& loaded, const AdamOptions& own) {
+  keep_state_options(loaded, own);
+}
+inline void keep_on_load(AdamWOptions& loaded, const AdamWOptions& own) {
+  keep_state_options(loaded, own);
+}
+
+// The load-time format hook of load_checked: only Adam's and AdamW's state has low-bit moments.
+template <class State, class Options>
+void load_in_group_format(const char*, const std::string&, State&, const at::Tensor&,
+                          const Options&) {}
+template <class Options>
+void load_in_group_format(const char* optimizer, const std::string& where, AdamParamState& s,
+                          const at::Tensor& p, const Options& o) {
+  load_in_format(optimizer, where, s, p, moment_format(o, p), o.state_block());
+}
+
+// Every field, then the cross-field rules: SGD's (as torch, the defaults need momentum for
+// nesterov; in a group without momentum it is plain SGD) and Adam's state options.
 template <class Options>
 void check_all_options(const char* name, const std::string& where, const Options& o,
                        bool at_step = false) {
@@ -61,6 +128,10 @@ void check_all_options(const char* name, const std::string& where, const Options
   if constexpr (std::is_same_v<Options, SGDOptions>) {
     check_nesterov(name, o.nesterov() && (where.empty() || o.momentum() != 0), o.momentum(),
                    o.dampening());
+  }
+  if constexpr (std::is_same_v<Options, AdamOptions> || std::is_same_v<Options, AdamWOptions>) {
+    check_state_options(name, where, o.state_dtype(), o.min_lowbit_numel(), o.state_block(),
+                        o.amsgrad());
   }
 }
 
