@@ -155,3 +155,43 @@ def test_cpu_threads_trial_sets_the_advised_threads_and_restores_them(monkeypatc
         assert torch.get_num_threads() == 2
     assert torch.get_num_threads() == before
     assert verify.PHASES_OF["cpu_threads"] == ("forward", "backward")
+
+
+def test_compute_fixes_are_tried_on_top_of_the_threads_fix(monkeypatch):
+    """With cpu_threads found, it runs first and bf16 autocast / channels_last run under it,
+    measured against the threads run, their estimates scaled to that run's forward+backward."""
+    from test_advice import make_summary
+
+    from torchspeed.profile import rules
+    from torchspeed.profile.summary import Finding, RunFacts
+
+    monkeypatch.setattr(rules, "_load", lambda: (1.0, 2))
+    loader = torch.utils.data.DataLoader(list(range(4)), num_workers=2)
+    facts = RunFacts(loaders=[loader], torch_threads=2, probes={"bf16": 0.5, "fp32_s": 0.02})
+    base = make_summary(0.100, {"forward": 0.040, "backward": 0.040})  # fwd+bwd 80 ms
+    threads_run = make_summary(0.050, {"forward": 0.020, "backward": 0.020})  # 40 ms
+    both = make_summary(0.035, {"forward": 0.012, "backward": 0.013})  # 25 ms
+    found = [
+        Finding("amp", "warning", "t", "f", est_step_s=0.06, est_gain_s=0.04),
+        Finding("cpu_threads", "warning", "t", "f", est_step_s=0.04, est_gain_s=0.06),
+    ]
+    seen = []
+
+    def run_steps(ctx, advise):
+        with ctx:
+            seen.append(torch.get_num_threads())
+            if advise:
+                return base, [1.0], found, facts
+            runs = {2: threads_run, 3: both}
+            return runs.get(len(seen), base), [1.0], [], None
+
+    before = torch.get_num_threads()
+    rows = {r.fix: r for r in verify.verify(run_steps)}
+    assert torch.get_num_threads() == before
+    assert seen[1:3] == [1, 1]  # the threads trial, then bf16 under it
+    t = rows["1 torch thread"]
+    assert t.phase_gain_s == pytest.approx(0.080 - 0.040)
+    amp = rows["bf16 autocast + 1 torch thread"]
+    assert amp.phase_gain_s == pytest.approx(0.040 - 0.025)  # against the threads run
+    assert amp.measured_gain_s == pytest.approx(0.050 - 0.035)
+    assert amp.estimated_gain_s == pytest.approx(0.04 * 0.040 / 0.080)  # scaled to 40 ms
