@@ -477,7 +477,8 @@ def _cpu_threads(summary: Any, facts: Any) -> List[Finding]:
         "torch's threads stalls the others. Estimate: forward+backward of a copy of the model "
         f"took {_ms(one)} on one thread ({basis}, measured after the run)"
         + (f", divided over {n} threads (linear scaling, a planning figure)" if n > 1 else "")
-        + f" ({_ms(t)} -> {_ms(est)})."
+        + f" ({_ms(t)} -> {_ms(est)}): the best case, where the workers leave those cores free; "
+        "workers that need every core (slow Python decode) leave less, which --verify measures."
     )
     return [_estimated("cpu_threads", "warning", title, fix, detail, _step_s(summary), t - est)]
 
