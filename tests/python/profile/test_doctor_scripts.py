@@ -311,3 +311,26 @@ def test_step_on_auto_needs_hooks_and_bad_step_on_is_named():
         tsp.StepProfiler(step_on="auto")
     with pytest.raises(ValueError, match="step_on must be None, 'optimizer' or 'auto'"):
         tsp.StepProfiler(hooks=True, step_on="backward")
+
+
+def test_facts_keep_the_torch_threads_and_the_loader_workers_after_the_loader_is_gone():
+    """cpu_threads reads torch's threads and the most loader workers alive at once; the loader
+    may be gone (the script returned) when the rules run."""
+    import gc
+
+    from torch import nn
+
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with _doctor.doctor(out=None, progress=False, file=io.StringIO()) as prof:
+        loader = torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4, num_workers=2)
+        for _ in range(2):
+            for x in loader:
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        del loader
+        gc.collect()
+        facts = prof.facts()
+    assert facts.loader_workers == 2
+    assert facts.torch_threads == torch.get_num_threads()
