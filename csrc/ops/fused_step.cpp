@@ -79,7 +79,7 @@ FusedStep fused_step(const AdamLowbitStepArgs& a) {
   set_betas(s.hyper, a.beta1, a.beta2);
   s.hyper.eps = static_cast<float>(a.eps);
   s.hyper.decoupled_weight_decay = a.decoupled_weight_decay;
-  s.hyper.state_format = adam_state_format(a.exp_avgs);
+  s.hyper.state_format = lowbit_moment_format(a.exp_avgs);
   s.hyper.state_block = static_cast<int32_t>(a.state_block);
   return s;
 }
@@ -99,6 +99,17 @@ FusedStep fused_step(const LionStepArgs& a) {
   s.exp_avgs = a.exp_avgs;
   s.steps = a.steps;
   set_betas(s.hyper, a.beta1, a.beta2);
+  return s;
+}
+
+FusedStep fused_step(const LionLowbitStepArgs& a) {
+  FusedStep s = common(a, OptimAlgo::kLion);
+  s.exp_avgs = a.exp_avgs;
+  s.exp_avg_absmaxes = a.exp_avg_absmaxes;
+  s.steps = a.steps;
+  set_betas(s.hyper, a.beta1, a.beta2);
+  s.hyper.state_format = lowbit_moment_format(a.exp_avgs);
+  s.hyper.state_block = static_cast<int32_t>(a.state_block);
   return s;
 }
 

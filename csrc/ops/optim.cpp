@@ -95,6 +95,16 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
       "float beta1, float beta2, float weight_decay, bool maximize, Tensor? lr_tensor=None, "
       "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None, "
       "float ema_decay=0.0) -> ()");
+  // lion_step_ with a low-bit moment (torchspeed.optim.Lion's state_dtype; CPU kernels for now),
+  // as adam_lowbit_step_ with one moment: the dtype of exp_avgs chooses the format, bfloat16
+  // (stochastic rounding; exp_avg_absmaxes empty) or int8 (the first moment's signed map, one
+  // float32 absmax per block of state_block elements in exp_avg_absmaxes).
+  m.def(
+      "lion_lowbit_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(d!)[] exp_avg_absmaxes, Tensor(e!)[] masters, Tensor(f!)[] steps, Tensor[] masks, "
+      "Tensor(g!)[] emas, *, int state_block, float lr, float beta1, float beta2, "
+      "float weight_decay, bool maximize, Tensor? lr_tensor=None, Tensor? grad_scale=None, "
+      "Tensor? found_inf=None, Tensor? clip_coef=None, float ema_decay=0.0) -> ()");
   // LAMB (You et al. 2020) with bias correction: u = m_hat / (sqrt(v_hat) + eps) + wd * p,
   // trust = ||p|| / ||u|| per tensor (1 when either is 0), p -= lr * trust * u.
   m.def(
@@ -147,6 +157,7 @@ std::string lowbit_state_format(const std::string& state_dtype, int64_t numel,
 }
 void sgd_step_(const SgdStepArgs& args) { op_args::call(args); }
 void lion_step_(const LionStepArgs& args) { op_args::call(args); }
+void lion_lowbit_step_(const LionLowbitStepArgs& args) { op_args::call(args); }
 void lamb_step_(const LambStepArgs& args) { op_args::call(args); }
 
 }  // namespace torchspeed

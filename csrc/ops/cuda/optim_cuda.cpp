@@ -24,6 +24,12 @@ void run_fused_step(const FusedStep& a) {
   const at::Device device = a.params[0].device();
   TORCH_CHECK(device.is_cuda(), "torchspeed.", a.op, ": params must be on a CUDA device, got ",
               device);
+  // Low-bit moments have a CUDA kernel for Adam only (optim_lowbit.cu); Lion's are CPU only so far.
+  TORCH_CHECK(
+      a.hyper.state_format == kernels::StateFormat::kFloat || a.algo == kernels::OptimAlgo::kAdam,
+      "torchspeed.", a.op,
+      ": bfloat16 / int8 moments (state_dtype 'bf16' / 'int8') have CPU kernels only so far; "
+      "use state_dtype='fp32' for CUDA params");
   if (a.writes_overlap()) {
     // One param at a time, in list order (see the CPU driver).
     for (size_t i = 0; i < a.params.size(); ++i) run_fused_step(a.element(i));
@@ -103,6 +109,7 @@ TORCH_LIBRARY_IMPL(torchspeed, CUDA, m) {
   TORCHSPEED_OP_IMPL(m, AdamLowbitStepArgs, fused_step_cuda<AdamLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, SgdStepArgs, fused_step_cuda<SgdStepArgs>);
   TORCHSPEED_OP_IMPL(m, LionStepArgs, fused_step_cuda<LionStepArgs>);
+  TORCHSPEED_OP_IMPL(m, LionLowbitStepArgs, fused_step_cuda<LionLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, LambStepArgs, fused_step_cuda<LambStepArgs>);
   TORCHSPEED_OP_IMPL(m, LowbitEncodeArgs, lowbit_encode_cuda);
   TORCHSPEED_OP_IMPL(m, LowbitDecodeArgs, lowbit_decode_cuda);

@@ -16,5 +16,6 @@ TEST_CASE("every op's argument struct has its schema's names, order and defaults
   check_against_schema<torchspeed::LowbitDecodeArgs>();
   check_against_schema<torchspeed::SgdStepArgs>();
   check_against_schema<torchspeed::LionStepArgs>();
+  check_against_schema<torchspeed::LionLowbitStepArgs>();
   check_against_schema<torchspeed::LambStepArgs>();
 }
