@@ -84,13 +84,26 @@ FusedStep fused_step(const AdamLowbitStepArgs& a) {
   return s;
 }
 
-FusedStep fused_step(const SgdStepArgs& a) {
+/// SGD's hyperparameters, from either SGD op.
+template <class Args>
+FusedStep sgd_common(const Args& a) {
   FusedStep s = common(a, OptimAlgo::kSgd);
   if (a.momentum != 0.0) s.exp_avgs = a.momentum_buffers;
   s.hyper.momentum = static_cast<float>(a.momentum);
   s.hyper.one_minus_dampening = static_cast<float>(1.0 - a.dampening);
   s.hyper.nesterov = a.nesterov;
   s.hyper.first_step = a.first_step;
+  return s;
+}
+
+FusedStep fused_step(const SgdStepArgs& a) { return sgd_common(a); }
+
+FusedStep fused_step(const SgdLowbitStepArgs& a) {
+  FusedStep s = sgd_common(a);
+  s.exp_avg_absmaxes = a.momentum_buffer_absmaxes;
+  s.steps = a.steps;
+  s.hyper.state_format = lowbit_moment_format(a.momentum_buffers);
+  s.hyper.state_block = static_cast<int32_t>(a.state_block);
   return s;
 }
 

@@ -346,6 +346,13 @@ inline void validate(const AdamLowbitStepArgs& a) {
   check_masks(op, a.params, a.masks);
 }
 
+/// The kernels' nesterov rule (sgd_step_, sgd_lowbit_step_).
+inline void check_sgd_nesterov(const char* op, bool nesterov, double momentum, double dampening) {
+  TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "torchspeed.", op,
+              ": nesterov requires momentum > 0 and dampening == 0, got momentum ", momentum,
+              " and dampening ", dampening);
+}
+
 inline void validate(const SgdStepArgs& a) {
   const char* op = SgdStepArgs::kName;
   const at::Device device =
@@ -355,9 +362,34 @@ inline void validate(const SgdStepArgs& a) {
                         {"emas", a.emas, true}});
   check_step_scalars(op, a, device);
   check_masks(op, a.params, a.masks);
-  TORCH_CHECK(!a.nesterov || (a.momentum > 0 && a.dampening == 0), "torchspeed.", op,
-              ": nesterov requires momentum > 0 and dampening == 0, got momentum ", a.momentum,
-              " and dampening ", a.dampening);
+  check_sgd_nesterov(op, a.nesterov, a.momentum, a.dampening);
+}
+
+inline void validate(const SgdLowbitStepArgs& a) {
+  const char* op = SgdLowbitStepArgs::kName;
+  const at::Device device = check_optim_args(
+      op, a.params, a.grads, {{"masters", a.masters, true}, {"emas", a.emas, true}});
+  TORCH_CHECK(a.momentum != 0.0, "torchspeed.", op,
+              ": momentum must be nonzero (without momentum SGD keeps no buffer: use sgd_step_), "
+              "got ",
+              a.momentum);
+  const bool int8 = check_lowbit_moment_format(op, "momentum_buffers", a.momentum_buffers,
+                                               "sgd_step_") == kernels::StateFormat::kInt8;
+  check_lowbit_list(op, "momentum_buffers", a.momentum_buffers, a.params,
+                    int8 ? at::kChar : at::kBFloat16, device);
+  if (int8) {
+    check_state_block(op, a.state_block);
+    check_absmax_list(op, "momentum_buffer_absmaxes", a.momentum_buffer_absmaxes, a.params,
+                      a.state_block, device);
+  } else {
+    TORCH_CHECK(a.momentum_buffer_absmaxes.empty(), "torchspeed.", op,
+                ": momentum_buffer_absmaxes must be empty with bfloat16 buffers, got ",
+                a.momentum_buffer_absmaxes.size(), " tensors");
+  }
+  check_step_scalars(op, a, device);
+  check_steps(op, a.steps, a.params.size(), device);
+  check_masks(op, a.params, a.masks);
+  check_sgd_nesterov(op, a.nesterov, a.momentum, a.dampening);
 }
 
 inline void validate(const LionStepArgs& a) {

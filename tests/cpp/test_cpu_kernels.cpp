@@ -304,7 +304,16 @@ std::vector<OneMomentAlgo> one_moment_algos() {
   OptimHyper lion{};
   lion.weight_decay = 0.1f, lion.one_minus_beta1 = 0.1f, lion.one_minus_beta2 = 0.01f;
   lion.beta2_f = 0.99f;
-  return {{"lion", &OptimKernels::lion, lion}};
+  OptimHyper sgd{};
+  sgd.weight_decay = 0.01f, sgd.momentum = 0.9f, sgd.one_minus_dampening = 0.9f;
+  OptimHyper nesterov = sgd;
+  nesterov.one_minus_dampening = 1.f, nesterov.nesterov = true;
+  OptimHyper first = sgd;
+  first.first_step = true;
+  return {{"lion", &OptimKernels::lion, lion},
+          {"sgd", &OptimKernels::sgd, sgd},
+          {"sgd nesterov", &OptimKernels::sgd, nesterov},
+          {"sgd first step", &OptimKernels::sgd, first}};
 }
 
 }  // namespace

@@ -237,24 +237,33 @@ void lowbit_decode(const void* codes, bool is_signed, const float* absmax, int64
   }
 }
 
+/// SGD's update of element i: writes the param and, with momentum, returns the new buffer from
+/// the fp32 buffer `buf` (not read on the first step: the buffer starts as the grad).
+template <class U, typename P, typename G>
+inline U sgd_update(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, int64_t i,
+                    U buf) {
+  U g = load_grad<U, G>(c, h, s, i);
+  U p = load_param<U, P>(c, i);
+  if (h.weight_decay != 0.f) g = fma(p, U(h.weight_decay), g);
+  if (h.momentum != 0.f) {
+    buf = h.first_step ? g : fma(g, U(h.one_minus_dampening), buf * U(h.momentum));
+    g = h.nesterov ? fma(buf, U(h.momentum), g) : buf;
+  }
+  p = fma(g, U(-s.lr), p);
+  store_param<U, P>(c, h, i, p);
+  return buf;
+}
+
 template <class V, typename P, typename G>
 void sgd_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
   for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
-    U g = load_grad<U, G>(c, h, s, i);
-    U p = load_param<U, P>(c, i);
-    if (h.weight_decay != 0.f) g = fma(p, U(h.weight_decay), g);
-    if (h.momentum != 0.f) {
-      U buf = g;  // first step: buffer = clone(grad)
-      if (!h.first_step) {
-        buf = U::load(c.exp_avg + i) * U(h.momentum);
-        buf = fma(g, U(h.one_minus_dampening), buf);
-      }
-      buf.store(c.exp_avg + i);
-      g = h.nesterov ? fma(buf, U(h.momentum), g) : buf;
+    if (h.momentum == 0.f) {
+      sgd_update<U, P, G>(c, h, s, i, U(0.f));
+      return;
     }
-    p = fma(g, U(-s.lr), p);
-    store_param<U, P>(c, h, i, p);
+    const U buf = h.first_step ? U(0.f) : U::load(c.exp_avg + i);
+    sgd_update<U, P, G>(c, h, s, i, buf).store(c.exp_avg + i);
   });
 }
 
@@ -334,6 +343,19 @@ void signed_moment_int8_range(const OptimTensor& c, int64_t block, Update&& upda
       quant_m_stochastic(U::load(m_new + j), inv, noise & U::I32::from_u32(0xFFFFFu),
                          codes + b0 + j);
     });
+  }
+}
+
+/// SGD with a bf16 or int8 momentum buffer (h.state_format; momentum != 0, checked by the op).
+template <class V, typename P, typename G>
+void sgd_lowbit_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  auto update = [&](auto buf, int64_t i) {
+    return sgd_update<decltype(buf), P, G>(c, h, s, i, buf);
+  };
+  if (h.state_format == StateFormat::kInt8) {
+    signed_moment_int8_range<V>(c, h.state_block, update);
+  } else {
+    signed_moment_bf16_range<V>(c, update);
   }
 }
 
@@ -430,6 +452,7 @@ TORCHSPEED_OPTIM_RANGE(AdamRange, adam_range)
 TORCHSPEED_OPTIM_RANGE(AdamBf16Range, adam_bf16_range)
 TORCHSPEED_OPTIM_RANGE(AdamInt8Range, adam_int8_range)
 TORCHSPEED_OPTIM_RANGE(SgdRange, sgd_range)
+TORCHSPEED_OPTIM_RANGE(SgdLowbitRange, sgd_lowbit_range)
 TORCHSPEED_OPTIM_RANGE(LionRange, lion_range)
 TORCHSPEED_OPTIM_RANGE(LionLowbitRange, lion_lowbit_range)
 TORCHSPEED_OPTIM_RANGE(LambPhase1Range, lamb_phase1_range)
@@ -445,6 +468,7 @@ void adam_step(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, 
 }
 template <class V>
 void sgd_step(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, double*, double*) {
+  if (h.state_format != StateFormat::kFloat) return dispatch_storage<SgdLowbitRange, V>(c, h, s);
   dispatch_storage<SgdRange, V>(c, h, s);
 }
 template <class V>
