@@ -11,6 +11,15 @@
 #include "kernels/cpu/lowbit_state.h"
 #include "kernels/cpu/mask_bits.h"
 
+// The per-element helpers below are inlined into every range function: with the low-bit
+// one-moment ranges the unit has enough call sites that GCC's unit-growth limit left store_param
+// out of line otherwise (a call per vector in every optimizer's loop).
+#if defined(__GNUC__)
+#define TORCHSPEED_ELEMENT_INLINE inline __attribute__((always_inline))
+#else
+#define TORCHSPEED_ELEMENT_INLINE inline
+#endif
+
 namespace torchspeed::kernels::cpu {
 namespace TORCHSPEED_CPU_ISA_NAMESPACE {
 
@@ -27,13 +36,14 @@ inline void for_each_lane(int64_t n, Body&& body) {
 
 /// Reads the parameter's current fp32 value: the master when there is one.
 template <class U, typename P>
-inline U load_param(const OptimTensor& c, int64_t i) {
+TORCHSPEED_ELEMENT_INLINE U load_param(const OptimTensor& c, int64_t i) {
   return c.master ? U::load(c.master + i) : U::load(static_cast<const P*>(c.param) + i);
 }
 
 /// Writes the new parameter value: mask, master, rounded param, EMA.
 template <class U, typename P>
-inline void store_param(const OptimTensor& c, const OptimHyper& h, int64_t i, U p) {
+TORCHSPEED_ELEMENT_INLINE void store_param(const OptimTensor& c, const OptimHyper& h, int64_t i,
+                                           U p) {
   if (c.mask) p = keep_bits(c.mask, i, p);
   if (c.master) p.store(c.master + i);
   p.store(static_cast<P*>(c.param) + i);
@@ -46,7 +56,8 @@ inline void store_param(const OptimTensor& c, const OptimHyper& h, int64_t i, U 
 /// The gradient as the update sees it: scaled (AMP unscale x clip coefficient) and negated for
 /// maximize.
 template <class U, typename G>
-inline U load_grad(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, int64_t i) {
+TORCHSPEED_ELEMENT_INLINE U load_grad(const OptimTensor& c, const OptimHyper& h,
+                                      const StepScalars& s, int64_t i) {
   U g = U::load(static_cast<const G*>(c.grad) + i);
   if (s.grad_scale != 1.f) g = g * U(s.grad_scale);
   return h.maximize ? -g : g;
@@ -240,8 +251,8 @@ void lowbit_decode(const void* codes, bool is_signed, const float* absmax, int64
 /// SGD's update of element i: writes the param and, with momentum, returns the new buffer from
 /// the fp32 buffer `buf` (not read on the first step: the buffer starts as the grad).
 template <class U, typename P, typename G>
-inline U sgd_update(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, int64_t i,
-                    U buf) {
+TORCHSPEED_ELEMENT_INLINE U sgd_update(const OptimTensor& c, const OptimHyper& h,
+                                       const StepScalars& s, int64_t i, U buf) {
   U g = load_grad<U, G>(c, h, s, i);
   U p = load_param<U, P>(c, i);
   if (h.weight_decay != 0.f) g = fma(p, U(h.weight_decay), g);
@@ -256,21 +267,20 @@ inline U sgd_update(const OptimTensor& c, const OptimHyper& h, const StepScalars
 
 template <class V, typename P, typename G>
 void sgd_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  const bool has_buffer = h.momentum != 0.f;
   for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
-    if (h.momentum == 0.f) {
-      sgd_update<U, P, G>(c, h, s, i, U(0.f));
-      return;
-    }
-    const U buf = h.first_step ? U(0.f) : U::load(c.exp_avg + i);
-    sgd_update<U, P, G>(c, h, s, i, buf).store(c.exp_avg + i);
+    // One call site, so that the compiler inlines the update into the loop.
+    const U buf = has_buffer && !h.first_step ? U::load(c.exp_avg + i) : U(0.f);
+    const U new_buf = sgd_update<U, P, G>(c, h, s, i, buf);
+    if (has_buffer) new_buf.store(c.exp_avg + i);
   });
 }
 
 /// Lion's update of element i from its fp32 moment m: writes the param, returns the new moment.
 template <class U, typename P, typename G>
-inline U lion_update(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, int64_t i,
-                     U m) {
+TORCHSPEED_ELEMENT_INLINE U lion_update(const OptimTensor& c, const OptimHyper& h,
+                                        const StepScalars& s, int64_t i, U m) {
   const U g = load_grad<U, G>(c, h, s, i);
   U p = load_param<U, P>(c, i);
   if (h.weight_decay != 0.f) p = p * U(s.param_decay);
