@@ -79,12 +79,14 @@ FusedStep fused_step(const AdamLowbitStepArgs& a) {
   set_betas(s.hyper, a.beta1, a.beta2);
   s.hyper.eps = static_cast<float>(a.eps);
   s.hyper.decoupled_weight_decay = a.decoupled_weight_decay;
-  s.hyper.state_format = adam_state_format(a.exp_avgs);
+  s.hyper.state_format = lowbit_moment_format(a.exp_avgs);
   s.hyper.state_block = static_cast<int32_t>(a.state_block);
   return s;
 }
 
-FusedStep fused_step(const SgdStepArgs& a) {
+/// SGD's hyperparameters, from either SGD op.
+template <class Args>
+FusedStep sgd_common(const Args& a) {
   FusedStep s = common(a, OptimAlgo::kSgd);
   if (a.momentum != 0.0) s.exp_avgs = a.momentum_buffers;
   s.hyper.momentum = static_cast<float>(a.momentum);
@@ -94,11 +96,33 @@ FusedStep fused_step(const SgdStepArgs& a) {
   return s;
 }
 
+FusedStep fused_step(const SgdStepArgs& a) { return sgd_common(a); }
+
+FusedStep fused_step(const SgdLowbitStepArgs& a) {
+  FusedStep s = sgd_common(a);
+  s.exp_avg_absmaxes = a.momentum_buffer_absmaxes;
+  s.steps = a.steps;
+  s.hyper.state_format = lowbit_moment_format(a.momentum_buffers);
+  s.hyper.state_block = static_cast<int32_t>(a.state_block);
+  return s;
+}
+
 FusedStep fused_step(const LionStepArgs& a) {
   FusedStep s = common(a, OptimAlgo::kLion);
   s.exp_avgs = a.exp_avgs;
   s.steps = a.steps;
   set_betas(s.hyper, a.beta1, a.beta2);
+  return s;
+}
+
+FusedStep fused_step(const LionLowbitStepArgs& a) {
+  FusedStep s = common(a, OptimAlgo::kLion);
+  s.exp_avgs = a.exp_avgs;
+  s.exp_avg_absmaxes = a.exp_avg_absmaxes;
+  s.steps = a.steps;
+  set_betas(s.hyper, a.beta1, a.beta2);
+  s.hyper.state_format = lowbit_moment_format(a.exp_avgs);
+  s.hyper.state_block = static_cast<int32_t>(a.state_block);
   return s;
 }
 

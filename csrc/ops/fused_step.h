@@ -19,7 +19,7 @@ struct FusedStep {
   kernels::OptimAlgo algo;
   // One tensor per param, or empty when the algorithm or the call does not use the list.
   at::TensorList params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, masks, emas;
-  // Adam's int8 moments: one float32 absmax per block of hyper.state_block elements.
+  // int8 moments (Adam, Lion, SGD): one float32 absmax per block of hyper.state_block elements.
   at::TensorList exp_avg_absmaxes, exp_avg_sq_absmaxes;
   const OptTensor* lr_tensor;
   const OptTensor* grad_scale;
@@ -45,7 +45,9 @@ struct FusedStep {
 FusedStep fused_step(const AdamStepArgs& a);
 FusedStep fused_step(const AdamLowbitStepArgs& a);
 FusedStep fused_step(const SgdStepArgs& a);
+FusedStep fused_step(const SgdLowbitStepArgs& a);
 FusedStep fused_step(const LionStepArgs& a);
+FusedStep fused_step(const LionLowbitStepArgs& a);
 FusedStep fused_step(const LambStepArgs& a);
 
 }  // namespace torchspeed::ops

@@ -87,6 +87,17 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
       "float dampening, float weight_decay, bool nesterov, bool maximize, bool first_step, "
       "Tensor? lr_tensor=None, Tensor? grad_scale=None, Tensor? found_inf=None, "
       "Tensor? clip_coef=None, float ema_decay=0.0) -> ()");
+  // sgd_step_ with a low-bit momentum buffer (torchspeed.optim.SGD's state_dtype; momentum != 0;
+  // CPU kernels for now), as lion_lowbit_step_: the dtype of momentum_buffers chooses the format,
+  // bfloat16 (stochastic rounding) or int8 (the signed map, one float32 absmax per block in
+  // momentum_buffer_absmaxes). `steps` (incremented as Adam's) seed the stochastic rounding.
+  m.def(
+      "sgd_lowbit_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, "
+      "Tensor(d!)[] momentum_buffer_absmaxes, Tensor(e!)[] masters, Tensor(f!)[] steps, "
+      "Tensor[] masks, Tensor(g!)[] emas, *, int state_block, float lr, float momentum, "
+      "float dampening, float weight_decay, bool nesterov, bool maximize, bool first_step, "
+      "Tensor? lr_tensor=None, Tensor? grad_scale=None, Tensor? found_inf=None, "
+      "Tensor? clip_coef=None, float ema_decay=0.0) -> ()");
   // Lion (Chen et al. 2023): p -= lr * sign(lerp(m, g, 1 - beta1)); m = lerp(m, g, 1 - beta2);
   // decoupled weight decay p *= 1 - lr * wd.
   m.def(
@@ -95,6 +106,16 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
       "float beta1, float beta2, float weight_decay, bool maximize, Tensor? lr_tensor=None, "
       "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None, "
       "float ema_decay=0.0) -> ()");
+  // lion_step_ with a low-bit moment (torchspeed.optim.Lion's state_dtype; CPU kernels for now),
+  // as adam_lowbit_step_ with one moment: the dtype of exp_avgs chooses the format, bfloat16
+  // (stochastic rounding; exp_avg_absmaxes empty) or int8 (the first moment's signed map, one
+  // float32 absmax per block of state_block elements in exp_avg_absmaxes).
+  m.def(
+      "lion_lowbit_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(d!)[] exp_avg_absmaxes, Tensor(e!)[] masters, Tensor(f!)[] steps, Tensor[] masks, "
+      "Tensor(g!)[] emas, *, int state_block, float lr, float beta1, float beta2, "
+      "float weight_decay, bool maximize, Tensor? lr_tensor=None, Tensor? grad_scale=None, "
+      "Tensor? found_inf=None, Tensor? clip_coef=None, float ema_decay=0.0) -> ()");
   // LAMB (You et al. 2020) with bias correction: u = m_hat / (sqrt(v_hat) + eps) + wd * p,
   // trust = ||p|| / ||u|| per tensor (1 when either is 0), p -= lr * trust * u.
   m.def(
@@ -146,7 +167,9 @@ std::string lowbit_state_format(const std::string& state_dtype, int64_t numel,
                                   state_block);
 }
 void sgd_step_(const SgdStepArgs& args) { op_args::call(args); }
+void sgd_lowbit_step_(const SgdLowbitStepArgs& args) { op_args::call(args); }
 void lion_step_(const LionStepArgs& args) { op_args::call(args); }
+void lion_lowbit_step_(const LionLowbitStepArgs& args) { op_args::call(args); }
 void lamb_step_(const LambStepArgs& args) { op_args::call(args); }
 
 }  // namespace torchspeed

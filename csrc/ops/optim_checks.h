@@ -194,11 +194,12 @@ inline void validate(const AdamStepArgs& a) {
   check_masks(op, a.params, a.masks);
 }
 
-/// The format of adam_lowbit_step_'s moments: the dtype of exp_avgs[0] (bfloat16 or int8; float32
-/// otherwise, which the validator refuses).
-inline kernels::StateFormat adam_state_format(at::TensorList exp_avgs) {
-  if (exp_avgs.empty() || !exp_avgs[0].defined()) return kernels::StateFormat::kFloat;
-  switch (exp_avgs[0].scalar_type()) {
+/// The format of a low-bit step's moments (adam_lowbit_step_, lion_lowbit_step_): the dtype of
+/// the first moment's first tensor (bfloat16 or int8; float32 otherwise, which the validators
+/// refuse).
+inline kernels::StateFormat lowbit_moment_format(at::TensorList moments) {
+  if (moments.empty() || !moments[0].defined()) return kernels::StateFormat::kFloat;
+  switch (moments[0].scalar_type()) {
     case at::kBFloat16:
       return kernels::StateFormat::kBFloat16;
     case at::kChar:
@@ -307,17 +308,25 @@ inline void validate(const LowbitDecodeArgs& a) {
                                  : std::string("None"));
 }
 
+/// The format of a low-bit step's moments (the list `name`, the first moment), refusing float32
+/// ones (they go to `fp32_op`).
+inline kernels::StateFormat check_lowbit_moment_format(const char* op, const char* name,
+                                                       at::TensorList moments,
+                                                       const char* fp32_op) {
+  const kernels::StateFormat format = lowbit_moment_format(moments);
+  TORCH_CHECK(format != kernels::StateFormat::kFloat, "torchspeed.", op, ": ", name,
+              "[0] must be bfloat16 or int8 (float32 moments go to ", fp32_op, "), got ",
+              moments.empty() || !moments[0].defined() ? std::string("none")
+                                                       : c10::str(moments[0].scalar_type()));
+  return format;
+}
+
 inline void validate(const AdamLowbitStepArgs& a) {
   const char* op = AdamLowbitStepArgs::kName;
   const at::Device device = check_optim_args(
       op, a.params, a.grads, {{"masters", a.masters, true}, {"emas", a.emas, true}});
-  const kernels::StateFormat format = adam_state_format(a.exp_avgs);
-  TORCH_CHECK(format != kernels::StateFormat::kFloat, "torchspeed.", op,
-              ": exp_avgs[0] must be bfloat16 or int8 (float32 moments go to adam_step_), got ",
-              a.exp_avgs.empty() || !a.exp_avgs[0].defined()
-                  ? std::string("none")
-                  : c10::str(a.exp_avgs[0].scalar_type()));
-  const bool int8 = format == kernels::StateFormat::kInt8;
+  const bool int8 = check_lowbit_moment_format(op, "exp_avgs", a.exp_avgs, "adam_step_") ==
+                    kernels::StateFormat::kInt8;
   check_lowbit_list(op, "exp_avgs", a.exp_avgs, a.params, int8 ? at::kChar : at::kBFloat16, device);
   check_lowbit_list(op, "exp_avg_sqs", a.exp_avg_sqs, a.params, int8 ? at::kByte : at::kBFloat16,
                     device);
@@ -337,6 +346,13 @@ inline void validate(const AdamLowbitStepArgs& a) {
   check_masks(op, a.params, a.masks);
 }
 
+/// The kernels' nesterov rule (sgd_step_, sgd_lowbit_step_).
+inline void check_sgd_nesterov(const char* op, bool nesterov, double momentum, double dampening) {
+  TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "torchspeed.", op,
+              ": nesterov requires momentum > 0 and dampening == 0, got momentum ", momentum,
+              " and dampening ", dampening);
+}
+
 inline void validate(const SgdStepArgs& a) {
   const char* op = SgdStepArgs::kName;
   const at::Device device =
@@ -346,9 +362,34 @@ inline void validate(const SgdStepArgs& a) {
                         {"emas", a.emas, true}});
   check_step_scalars(op, a, device);
   check_masks(op, a.params, a.masks);
-  TORCH_CHECK(!a.nesterov || (a.momentum > 0 && a.dampening == 0), "torchspeed.", op,
-              ": nesterov requires momentum > 0 and dampening == 0, got momentum ", a.momentum,
-              " and dampening ", a.dampening);
+  check_sgd_nesterov(op, a.nesterov, a.momentum, a.dampening);
+}
+
+inline void validate(const SgdLowbitStepArgs& a) {
+  const char* op = SgdLowbitStepArgs::kName;
+  const at::Device device = check_optim_args(
+      op, a.params, a.grads, {{"masters", a.masters, true}, {"emas", a.emas, true}});
+  TORCH_CHECK(a.momentum != 0.0, "torchspeed.", op,
+              ": momentum must be nonzero (without momentum SGD keeps no buffer: use sgd_step_), "
+              "got ",
+              a.momentum);
+  const bool int8 = check_lowbit_moment_format(op, "momentum_buffers", a.momentum_buffers,
+                                               "sgd_step_") == kernels::StateFormat::kInt8;
+  check_lowbit_list(op, "momentum_buffers", a.momentum_buffers, a.params,
+                    int8 ? at::kChar : at::kBFloat16, device);
+  if (int8) {
+    check_state_block(op, a.state_block);
+    check_absmax_list(op, "momentum_buffer_absmaxes", a.momentum_buffer_absmaxes, a.params,
+                      a.state_block, device);
+  } else {
+    TORCH_CHECK(a.momentum_buffer_absmaxes.empty(), "torchspeed.", op,
+                ": momentum_buffer_absmaxes must be empty with bfloat16 buffers, got ",
+                a.momentum_buffer_absmaxes.size(), " tensors");
+  }
+  check_step_scalars(op, a, device);
+  check_steps(op, a.steps, a.params.size(), device);
+  check_masks(op, a.params, a.masks);
+  check_sgd_nesterov(op, a.nesterov, a.momentum, a.dampening);
 }
 
 inline void validate(const LionStepArgs& a) {
@@ -356,6 +397,26 @@ inline void validate(const LionStepArgs& a) {
   const at::Device device = check_optim_args(
       op, a.params, a.grads,
       {{"exp_avgs", a.exp_avgs, false}, {"masters", a.masters, true}, {"emas", a.emas, true}});
+  check_step_scalars(op, a, device);
+  check_steps(op, a.steps, a.params.size(), device);
+  check_masks(op, a.params, a.masks);
+}
+
+inline void validate(const LionLowbitStepArgs& a) {
+  const char* op = LionLowbitStepArgs::kName;
+  const at::Device device = check_optim_args(
+      op, a.params, a.grads, {{"masters", a.masters, true}, {"emas", a.emas, true}});
+  const bool int8 = check_lowbit_moment_format(op, "exp_avgs", a.exp_avgs, "lion_step_") ==
+                    kernels::StateFormat::kInt8;
+  check_lowbit_list(op, "exp_avgs", a.exp_avgs, a.params, int8 ? at::kChar : at::kBFloat16, device);
+  if (int8) {
+    check_state_block(op, a.state_block);
+    check_absmax_list(op, "exp_avg_absmaxes", a.exp_avg_absmaxes, a.params, a.state_block, device);
+  } else {
+    TORCH_CHECK(a.exp_avg_absmaxes.empty(), "torchspeed.", op,
+                ": exp_avg_absmaxes must be empty with bfloat16 moments, got ",
+                a.exp_avg_absmaxes.size(), " tensors");
+  }
   check_step_scalars(op, a, device);
   check_steps(op, a.steps, a.params.size(), device);
   check_masks(op, a.params, a.masks);

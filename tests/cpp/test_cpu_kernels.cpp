@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -14,6 +15,7 @@ using namespace torchspeed::kernels::cpu;
 using isa_test::to_bf16;
 using isa_test::to_float;
 using isa_test::to_fp16;
+using torchspeed::kernels::StateFormat;
 
 namespace {
 
@@ -285,6 +287,136 @@ TEST_CASE("lamb kernels (moments, norms, trust-ratio update) match a double refe
     for (int64_t i = 0; i < n; ++i) {
       INFO("i " << i);
       REQUIRE(p2[i] == Approx(p[i] - lr * trust * u[i]).epsilon(1e-5).margin(1e-6));
+    }
+  }
+}
+
+namespace {
+
+/// A one-moment optimizer's step with the hyperparameters of the low-bit test below.
+struct OneMomentAlgo {
+  const char* name;
+  OptimFn OptimKernels::*fn;
+  OptimHyper hyper;
+};
+
+std::vector<OneMomentAlgo> one_moment_algos() {
+  OptimHyper lion{};
+  lion.weight_decay = 0.1f, lion.one_minus_beta1 = 0.1f, lion.one_minus_beta2 = 0.01f;
+  lion.beta2_f = 0.99f;
+  OptimHyper sgd{};
+  sgd.weight_decay = 0.01f, sgd.momentum = 0.9f, sgd.one_minus_dampening = 0.9f;
+  OptimHyper nesterov = sgd;
+  nesterov.one_minus_dampening = 1.f, nesterov.nesterov = true;
+  OptimHyper first = sgd;
+  first.first_step = true;
+  return {{"lion", &OptimKernels::lion, lion},
+          {"sgd", &OptimKernels::sgd, sgd},
+          {"sgd nesterov", &OptimKernels::sgd, nesterov},
+          {"sgd first step", &OptimKernels::sgd, first}};
+}
+
+}  // namespace
+
+// The low-bit one-moment steps are the fp32 step on the dequantized moment, requantized: the
+// param equals the fp32 kernel's on the decoded moment bit for bit; with int8 codes (blocks of 64,
+// a short last one) the absmaxes equal the encoder's of the fp32 kernel's moment and each code is
+// one of the two codes around it (stochastic rounding); with bf16 the stored moment is one of its
+// two bf16 neighbours. Every ISA writes the same bits.
+TEST_CASE("low-bit one-moment steps are the fp32 step on the dequantized moment, on every ISA") {
+  const int64_t n = 1000, block = 64;
+  const auto tables = runnable_tables();
+  for (const OneMomentAlgo& algo : one_moment_algos()) {
+    for (StateFormat format : {StateFormat::kInt8, StateFormat::kBFloat16}) {
+      const bool int8 = format == StateFormat::kInt8;
+      auto p = random_floats(n, 41), g = random_floats(n, 42), m = random_floats(n, 43, 0.1f);
+      OptimHyper h = algo.hyper;
+      h.state_format = format, h.state_block = int32_t(block);
+      StepScalars s{};
+      s.lr = 1e-2f, s.grad_scale = 1.f, s.param_decay = float(1 - 1e-2 * 0.1);
+      // The starting state: codes of m, or m rounded to bf16.
+      std::vector<int8_t> codes0(n);
+      std::vector<float> absmax0((n + block - 1) / block);
+      std::vector<bf16> m_bf16(n);
+      tables[0]->optim.lowbit_encode(m.data(), n, block, true, codes0.data(), absmax0.data());
+      for (int64_t i = 0; i < n; ++i) m_bf16[i] = to_bf16(m[i]);
+      std::vector<float> first_p;
+      std::vector<int8_t> first_codes;
+      std::vector<uint16_t> first_bf16;
+      for (const CpuKernelTable* table : tables) {
+        INFO(algo.name << " isa " << table->name << (int8 ? " int8" : " bf16"));
+        // The reference: the fp32 kernel on the dequantized moment.
+        std::vector<float> m_ref(n), p_ref = p;
+        if (int8) {
+          table->optim.lowbit_decode(codes0.data(), true, absmax0.data(), n, block, m_ref.data());
+        } else {
+          for (int64_t i = 0; i < n; ++i) m_ref[i] = to_float(m_bf16[i]);
+        }
+        OptimHyper h32 = algo.hyper;
+        (table->optim.*algo.fn)(f32_tensor(p_ref.data(), g.data(), n, m_ref.data()), h32, s,
+                                nullptr, nullptr);
+        // The low-bit step.
+        auto p2 = p;
+        auto codes = codes0;
+        auto absmax = absmax0;
+        auto mb = m_bf16;
+        OptimTensor t = f32_tensor(p2.data(), g.data(), n);
+        t.exp_avg_lp = int8 ? static_cast<void*>(codes.data()) : static_cast<void*>(mb.data());
+        t.exp_avg_absmax = int8 ? absmax.data() : nullptr;
+        t.sr_salt = 12345u;
+        (table->optim.*algo.fn)(t, h, s, nullptr, nullptr);
+        for (int64_t i = 0; i < n; ++i) {
+          INFO("i " << i);
+          REQUIRE(p2[i] == p_ref[i]);
+        }
+        if (int8) {
+          std::vector<int8_t> codes_ref(n);
+          std::vector<float> absmax_ref(absmax.size());
+          table->optim.lowbit_encode(m_ref.data(), n, block, true, codes_ref.data(),
+                                     absmax_ref.data());
+          CHECK(absmax == absmax_ref);
+          // Rounded stochastically: the nearest code or its neighbour on the other side of the
+          // value, both occurring.
+          std::vector<float> back(n), nearest(n);
+          table->optim.lowbit_decode(codes.data(), true, absmax.data(), n, block, back.data());
+          table->optim.lowbit_decode(codes_ref.data(), true, absmax.data(), n, block,
+                                     nearest.data());
+          int64_t other = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            INFO("i " << i << " m " << m_ref[i] << " code " << int(codes[i]) << " nearest "
+                      << int(codes_ref[i]));
+            REQUIRE(std::abs(int(codes[i]) - int(codes_ref[i])) <= 1);
+            if (codes[i] != codes_ref[i]) {
+              ++other;
+              // The two codes bracket the value.
+              REQUIRE((back[i] - m_ref[i]) * (nearest[i] - m_ref[i]) <= 0.f);
+            }
+          }
+          CHECK(other > n / 20);
+        } else {
+          int64_t up = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            uint32_t u;
+            std::memcpy(&u, &m_ref[i], 4);
+            const uint32_t down = u >> 16;
+            INFO("i " << i);
+            REQUIRE((mb[i].bits == down || (mb[i].bits == down + 1 && (u & 0xFFFFu) != 0)));
+            up += mb[i].bits != down;
+          }
+          CHECK(up > n / 5);  // stochastic: both neighbours occur
+          CHECK(up < 4 * n / 5);
+        }
+        // Every ISA writes the first ISA's bits.
+        std::vector<uint16_t> bits(n);
+        for (int64_t i = 0; i < n; ++i) bits[i] = mb[i].bits;
+        if (first_p.empty()) {
+          first_p = p2, first_codes = codes, first_bf16 = bits;
+        } else {
+          CHECK(p2 == first_p);
+          CHECK(codes == first_codes);
+          CHECK(bits == first_bf16);
+        }
+      }
     }
   }
 }

@@ -13,7 +13,7 @@ namespace torchspeed::kernels {
 /// Element types a kernel can be asked to run on.
 enum class DType : int { kFloat = 0, kDouble = 1, kBFloat16 = 2, kHalf = 3 };
 
-/// How a step's moments are stored (Adam/AdamW; see kernels/cpu/lowbit_state.h):
+/// How a step's moments are stored (Adam/AdamW, Lion, SGD; see kernels/cpu/lowbit_state.h):
 ///   kFloat     float32 (exp_avg, exp_avg_sq)
 ///   kBFloat16  bfloat16, written back with stochastic rounding
 ///   kInt8      int8 codes in blocks of `state_block` elements with one float32 absmax per block:
@@ -44,7 +44,7 @@ struct OptimHyper {
   bool decoupled_weight_decay;  // AdamW (true) vs Adam's L2 penalty (false)
   bool nesterov;                // SGD
   bool first_step;              // SGD: the momentum buffer is initialised from the grad
-  StateFormat state_format;     // Adam: how the moments are stored (kFloat for the others)
+  StateFormat state_format;     // Adam, Lion, SGD: how the moments are stored (else kFloat)
   int32_t state_block;          // kInt8: elements per quantization block (a power of two)
 };
 

@@ -94,6 +94,22 @@ inline void quant_m(U m, float inv, int8_t* p) {
   ((k ^ sign) - sign).store_i8(p);
 }
 
+/// As quant_m, rounded stochastically on the code grid instead of to nearest, given 20 bits of
+/// noise per lane: |m| / absmax's float32 bits plus the noise, truncated to 3 mantissa bits, so a
+/// value between two codes goes up with probability (distance to the lower code) / (their
+/// spacing). Codes are exact where they are (the absmax element stays 127); below the smallest
+/// code's binade the value is 0 or that code, as quant_m's. For one-moment optimizers whose EMA
+/// moves a moment by less than half a code step per step (Lion's beta2 = 0.99: 1 %), where
+/// rounding to nearest would freeze it.
+template <class U>
+inline void quant_m_stochastic(U m, float inv, typename U::I32 noise20, int8_t* p) {
+  using I = typename U::I32;
+  const I r = srl((abs(m) * U(inv)).to_bits() + noise20, 20);
+  const I k = min(max(r - I::from_u32(kMCodeOffset), I(0)), I(127));
+  const I sign = sra(m.to_bits(), 31);  // all ones for negative m
+  ((k ^ sign) - sign).store_i8(p);
+}
+
 /// Stores the uint8 codes of v for a block whose absmax has the inverse `inv` (NaN and negative
 /// v: 0).
 template <class U>

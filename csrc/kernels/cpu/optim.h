@@ -11,6 +11,15 @@
 #include "kernels/cpu/lowbit_state.h"
 #include "kernels/cpu/mask_bits.h"
 
+// The per-element helpers below are inlined into every range function: with the low-bit
+// one-moment ranges the unit has enough call sites that GCC's unit-growth limit left store_param
+// out of line otherwise (a call per vector in every optimizer's loop).
+#if defined(__GNUC__)
+#define TORCHSPEED_ELEMENT_INLINE inline __attribute__((always_inline))
+#else
+#define TORCHSPEED_ELEMENT_INLINE inline
+#endif
+
 namespace torchspeed::kernels::cpu {
 namespace TORCHSPEED_CPU_ISA_NAMESPACE {
 
@@ -27,13 +36,14 @@ inline void for_each_lane(int64_t n, Body&& body) {
 
 /// Reads the parameter's current fp32 value: the master when there is one.
 template <class U, typename P>
-inline U load_param(const OptimTensor& c, int64_t i) {
+TORCHSPEED_ELEMENT_INLINE U load_param(const OptimTensor& c, int64_t i) {
   return c.master ? U::load(c.master + i) : U::load(static_cast<const P*>(c.param) + i);
 }
 
 /// Writes the new parameter value: mask, master, rounded param, EMA.
 template <class U, typename P>
-inline void store_param(const OptimTensor& c, const OptimHyper& h, int64_t i, U p) {
+TORCHSPEED_ELEMENT_INLINE void store_param(const OptimTensor& c, const OptimHyper& h, int64_t i,
+                                           U p) {
   if (c.mask) p = keep_bits(c.mask, i, p);
   if (c.master) p.store(c.master + i);
   p.store(static_cast<P*>(c.param) + i);
@@ -46,7 +56,8 @@ inline void store_param(const OptimTensor& c, const OptimHyper& h, int64_t i, U 
 /// The gradient as the update sees it: scaled (AMP unscale x clip coefficient) and negated for
 /// maximize.
 template <class U, typename G>
-inline U load_grad(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, int64_t i) {
+TORCHSPEED_ELEMENT_INLINE U load_grad(const OptimTensor& c, const OptimHyper& h,
+                                      const StepScalars& s, int64_t i) {
   U g = U::load(static_cast<const G*>(c.grad) + i);
   if (s.grad_scale != 1.f) g = g * U(s.grad_scale);
   return h.maximize ? -g : g;
@@ -237,40 +248,136 @@ void lowbit_decode(const void* codes, bool is_signed, const float* absmax, int64
   }
 }
 
+/// SGD's update of element i: writes the param and, with momentum, returns the new buffer from
+/// the fp32 buffer `buf` (not read on the first step: the buffer starts as the grad).
+template <class U, typename P, typename G>
+TORCHSPEED_ELEMENT_INLINE U sgd_update(const OptimTensor& c, const OptimHyper& h,
+                                       const StepScalars& s, int64_t i, U buf) {
+  U g = load_grad<U, G>(c, h, s, i);
+  U p = load_param<U, P>(c, i);
+  if (h.weight_decay != 0.f) g = fma(p, U(h.weight_decay), g);
+  if (h.momentum != 0.f) {
+    buf = h.first_step ? g : fma(g, U(h.one_minus_dampening), buf * U(h.momentum));
+    g = h.nesterov ? fma(buf, U(h.momentum), g) : buf;
+  }
+  p = fma(g, U(-s.lr), p);
+  store_param<U, P>(c, h, i, p);
+  return buf;
+}
+
 template <class V, typename P, typename G>
 void sgd_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  const bool has_buffer = h.momentum != 0.f;
   for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
-    U g = load_grad<U, G>(c, h, s, i);
-    U p = load_param<U, P>(c, i);
-    if (h.weight_decay != 0.f) g = fma(p, U(h.weight_decay), g);
-    if (h.momentum != 0.f) {
-      U buf = g;  // first step: buffer = clone(grad)
-      if (!h.first_step) {
-        buf = U::load(c.exp_avg + i) * U(h.momentum);
-        buf = fma(g, U(h.one_minus_dampening), buf);
-      }
-      buf.store(c.exp_avg + i);
-      g = h.nesterov ? fma(buf, U(h.momentum), g) : buf;
-    }
-    p = fma(g, U(-s.lr), p);
-    store_param<U, P>(c, h, i, p);
+    // One call site, so that the compiler inlines the update into the loop.
+    const U buf = has_buffer && !h.first_step ? U::load(c.exp_avg + i) : U(0.f);
+    const U new_buf = sgd_update<U, P, G>(c, h, s, i, buf);
+    if (has_buffer) new_buf.store(c.exp_avg + i);
   });
+}
+
+/// Lion's update of element i from its fp32 moment m: writes the param, returns the new moment.
+template <class U, typename P, typename G>
+TORCHSPEED_ELEMENT_INLINE U lion_update(const OptimTensor& c, const OptimHyper& h,
+                                        const StepScalars& s, int64_t i, U m) {
+  const U g = load_grad<U, G>(c, h, s, i);
+  U p = load_param<U, P>(c, i);
+  if (h.weight_decay != 0.f) p = p * U(s.param_decay);
+  const U direction = sign(fma(U(h.one_minus_beta1), g - m, m));  // sign(lerp(m, g, 1 - b1))
+  p = fma(direction, U(-s.lr), p);
+  store_param<U, P>(c, h, i, p);
+  return fma(U(h.one_minus_beta2), g - m, m);  // m = lerp(m, g, 1 - b2)
 }
 
 template <class V, typename P, typename G>
 void lion_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
   for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
-    const U g = load_grad<U, G>(c, h, s, i);
-    U p = load_param<U, P>(c, i);
-    if (h.weight_decay != 0.f) p = p * U(s.param_decay);
-    U m = U::load(c.exp_avg + i);
-    const U direction = sign(fma(U(h.one_minus_beta1), g - m, m));  // sign(lerp(m, g, 1 - b1))
-    p = fma(direction, U(-s.lr), p);
-    fma(U(h.one_minus_beta2), g - m, m).store(c.exp_avg + i);  // m = lerp(m, g, 1 - b2)
-    store_param<U, P>(c, h, i, p);
+    lion_update<U, P, G>(c, h, s, i, U::load(c.exp_avg + i)).store(c.exp_avg + i);
   });
+}
+
+// One signed low-bit moment (Lion's exp_avg, SGD's momentum buffer): the same element math as
+// the fp32 step on the moment dequantized from storage, written back in the step's format with
+// Adam's first-moment machinery (kernels/cpu/lowbit_state.h). `update(m, i)` takes element i's
+// fp32 moment (a vector or the scalar tail), writes the param and returns the new moment.
+
+/// bf16 moment: load, update, store rounded stochastically with the high 16 bits of the
+/// element's hash (the bits Adam's first moment takes).
+template <class V, class Update>
+void signed_moment_bf16_range(const OptimTensor& c, Update&& update) {
+  const uint32_t salt = sr_range_salt(c.sr_salt, c.sr_index);
+  const auto first = static_cast<uint32_t>(c.sr_index);
+  bf16* const m_ptr = static_cast<bf16*>(c.exp_avg_lp);
+  for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
+    using U = decltype(tag);
+    const U m = update(U::load(m_ptr + i), i);
+    store_bf16_stochastic(m, srl(sr_noise<U>(first + static_cast<uint32_t>(i), salt), 16),
+                          m_ptr + i);
+  });
+}
+
+/// int8 moment, block by block: dequantize with the old absmax and update (params written, new
+/// moments into an L1 buffer, finding the block's new absmax), then write the codes, rounded
+/// stochastically (the low 20 bits of the element's hash; see quant_m_stochastic).
+template <class V, class Update>
+void signed_moment_int8_range(const OptimTensor& c, int64_t block, Update&& update) {
+  using S = typename V::Scalar;
+  const uint32_t salt = sr_range_salt(c.sr_salt, c.sr_index);
+  const auto first = static_cast<uint32_t>(c.sr_index);
+  int8_t* const codes = static_cast<int8_t*>(c.exp_avg_lp);
+  alignas(64) float m_new[kMaxStateBlock];
+  for (int64_t b0 = 0; b0 < c.numel; b0 += block) {
+    const int64_t len = c.numel - b0 < block ? c.numel - b0 : block;
+    const int64_t k = b0 / block;
+    const float absmax = c.exp_avg_absmax[k];
+    V max_v(0.f);
+    S max_s(0.f);
+    for_each_lane<V>(len, [&](auto tag, int64_t j) {
+      using U = decltype(tag);
+      const U m = update(dequant_m<U>(codes + b0 + j, absmax), b0 + j);
+      m.store(m_new + j);
+      if constexpr (U::kWidth == V::kWidth && V::kWidth > 1) {
+        max_v = max(abs(m), max_v);
+      } else {
+        max_s = max(abs(m), max_s);
+      }
+    });
+    const float amax = std::fmax(lane_max(max_v), max_s.v);
+    c.exp_avg_absmax[k] = amax;
+    const float inv = inverse_absmax(amax);
+    for_each_lane<V>(len, [&](auto tag, int64_t j) {
+      using U = decltype(tag);
+      const auto noise = sr_noise<U>(first + static_cast<uint32_t>(b0 + j), salt);
+      quant_m_stochastic(U::load(m_new + j), inv, noise & U::I32::from_u32(0xFFFFFu),
+                         codes + b0 + j);
+    });
+  }
+}
+
+/// SGD with a bf16 or int8 momentum buffer (h.state_format; momentum != 0, checked by the op).
+template <class V, typename P, typename G>
+void sgd_lowbit_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  auto update = [&](auto buf, int64_t i) {
+    return sgd_update<decltype(buf), P, G>(c, h, s, i, buf);
+  };
+  if (h.state_format == StateFormat::kInt8) {
+    signed_moment_int8_range<V>(c, h.state_block, update);
+  } else {
+    signed_moment_bf16_range<V>(c, update);
+  }
+}
+
+/// Lion with a bf16 or int8 moment (h.state_format).
+template <class V, typename P, typename G>
+void lion_lowbit_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+  auto update = [&](auto m, int64_t i) { return lion_update<decltype(m), P, G>(c, h, s, i, m); };
+  if (h.state_format == StateFormat::kInt8) {
+    signed_moment_int8_range<V>(c, h.state_block, update);
+  } else {
+    signed_moment_bf16_range<V>(c, update);
+  }
 }
 
 /// LAMB's raw update u = m_hat / (sqrt(v_hat) + eps) + wd * p, from the updated moments.
@@ -355,7 +462,9 @@ TORCHSPEED_OPTIM_RANGE(AdamRange, adam_range)
 TORCHSPEED_OPTIM_RANGE(AdamBf16Range, adam_bf16_range)
 TORCHSPEED_OPTIM_RANGE(AdamInt8Range, adam_int8_range)
 TORCHSPEED_OPTIM_RANGE(SgdRange, sgd_range)
+TORCHSPEED_OPTIM_RANGE(SgdLowbitRange, sgd_lowbit_range)
 TORCHSPEED_OPTIM_RANGE(LionRange, lion_range)
+TORCHSPEED_OPTIM_RANGE(LionLowbitRange, lion_lowbit_range)
 TORCHSPEED_OPTIM_RANGE(LambPhase1Range, lamb_phase1_range)
 TORCHSPEED_OPTIM_RANGE(LambPhase2Range, lamb_phase2_range)
 #undef TORCHSPEED_OPTIM_RANGE
@@ -369,10 +478,12 @@ void adam_step(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, 
 }
 template <class V>
 void sgd_step(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, double*, double*) {
+  if (h.state_format != StateFormat::kFloat) return dispatch_storage<SgdLowbitRange, V>(c, h, s);
   dispatch_storage<SgdRange, V>(c, h, s);
 }
 template <class V>
 void lion_step(const OptimTensor& c, const OptimHyper& h, const StepScalars& s, double*, double*) {
+  if (h.state_format != StateFormat::kFloat) return dispatch_storage<LionLowbitRange, V>(c, h, s);
   dispatch_storage<LionRange, V>(c, h, s);
 }
 template <class V>

@@ -1,7 +1,7 @@
-// CPU implementation of the fused optimizer steps (adam_step_, sgd_step_, lion_step_,
-// lamb_step_): one driver takes the validated FusedStep, reads the AMP/clip/found_inf scalars,
-// increments the step counts, derives each tensor's scalars, then runs the ISA kernel over chunks
-// of all params in one parallel region.
+// CPU implementation of the fused optimizer steps (adam_step_, adam_lowbit_step_, sgd_step_,
+// sgd_lowbit_step_, lion_step_, lion_lowbit_step_, lamb_step_): one driver takes the validated
+// FusedStep, reads the AMP/clip/found_inf scalars, increments the step counts, derives each
+// tensor's scalars, then runs the ISA kernel over chunks of all params in one parallel region.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -163,7 +163,9 @@ TORCH_LIBRARY_IMPL(torchspeed, CPU, m) {
   TORCHSPEED_OP_IMPL(m, AdamStepArgs, fused_step_cpu<AdamStepArgs>);
   TORCHSPEED_OP_IMPL(m, AdamLowbitStepArgs, fused_step_cpu<AdamLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, SgdStepArgs, fused_step_cpu<SgdStepArgs>);
+  TORCHSPEED_OP_IMPL(m, SgdLowbitStepArgs, fused_step_cpu<SgdLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, LionStepArgs, fused_step_cpu<LionStepArgs>);
+  TORCHSPEED_OP_IMPL(m, LionLowbitStepArgs, fused_step_cpu<LionLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, LambStepArgs, fused_step_cpu<LambStepArgs>);
   TORCHSPEED_OP_IMPL(m, LowbitEncodeArgs, lowbit_encode_cpu);
   TORCHSPEED_OP_IMPL(m, LowbitDecodeArgs, lowbit_decode_cpu);

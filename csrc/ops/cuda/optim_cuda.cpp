@@ -1,9 +1,9 @@
 // CUDA implementation of the fused optimizer steps (adam_step_, adam_lowbit_step_, sgd_step_,
-// lion_step_, lamb_step_): takes the validated FusedStep (the hyperparameters rounded on the host
-// as for the CPU) and hands raw pointers to kernels/cuda/optim.cu (optim_lowbit.cu for low-bit
-// moments) on the current stream. lr_tensor,
-// grad_scale, found_inf, clip_coef and the steps are only read on the device: no .item(), no host
-// sync, CUDA-graph capturable.
+// sgd_lowbit_step_ and lion_lowbit_step_ (refused: CPU only so far), lion_step_, lamb_step_): takes
+// the validated FusedStep (the hyperparameters rounded on the host as for the CPU) and hands raw
+// pointers to kernels/cuda/optim.cu (optim_lowbit.cu for low-bit moments) on the current stream.
+// lr_tensor, grad_scale, found_inf, clip_coef and the steps are only read on the device: no
+// .item(), no host sync, CUDA-graph capturable.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -24,6 +24,13 @@ void run_fused_step(const FusedStep& a) {
   const at::Device device = a.params[0].device();
   TORCH_CHECK(device.is_cuda(), "torchspeed.", a.op, ": params must be on a CUDA device, got ",
               device);
+  // Low-bit moments have a CUDA kernel for Adam only (optim_lowbit.cu); Lion's and SGD's are CPU
+  // only so far.
+  TORCH_CHECK(
+      a.hyper.state_format == kernels::StateFormat::kFloat || a.algo == kernels::OptimAlgo::kAdam,
+      "torchspeed.", a.op,
+      ": bfloat16 / int8 moments (state_dtype 'bf16' / 'int8') have CPU kernels only so far; "
+      "use state_dtype='fp32' for CUDA params");
   if (a.writes_overlap()) {
     // One param at a time, in list order (see the CPU driver).
     for (size_t i = 0; i < a.params.size(); ++i) run_fused_step(a.element(i));
@@ -102,7 +109,9 @@ TORCH_LIBRARY_IMPL(torchspeed, CUDA, m) {
   TORCHSPEED_OP_IMPL(m, AdamStepArgs, fused_step_cuda<AdamStepArgs>);
   TORCHSPEED_OP_IMPL(m, AdamLowbitStepArgs, fused_step_cuda<AdamLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, SgdStepArgs, fused_step_cuda<SgdStepArgs>);
+  TORCHSPEED_OP_IMPL(m, SgdLowbitStepArgs, fused_step_cuda<SgdLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, LionStepArgs, fused_step_cuda<LionStepArgs>);
+  TORCHSPEED_OP_IMPL(m, LionLowbitStepArgs, fused_step_cuda<LionLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, LambStepArgs, fused_step_cuda<LambStepArgs>);
   TORCHSPEED_OP_IMPL(m, LowbitEncodeArgs, lowbit_encode_cuda);
   TORCHSPEED_OP_IMPL(m, LowbitDecodeArgs, lowbit_decode_cuda);

@@ -33,7 +33,9 @@ void register_optim_validators(torch::Library& m) {
   TORCHSPEED_OP_IMPL(m, LowbitEncodeArgs, lowbit_encode_meta);
   TORCHSPEED_OP_IMPL(m, LowbitDecodeArgs, lowbit_decode_meta);
   TORCHSPEED_OP_IMPL(m, SgdStepArgs, fused_step_meta<SgdStepArgs>);
+  TORCHSPEED_OP_IMPL(m, SgdLowbitStepArgs, fused_step_meta<SgdLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, LionStepArgs, fused_step_meta<LionStepArgs>);
+  TORCHSPEED_OP_IMPL(m, LionLowbitStepArgs, fused_step_meta<LionLowbitStepArgs>);
   TORCHSPEED_OP_IMPL(m, LambStepArgs, fused_step_meta<LambStepArgs>);
 }
 

@@ -129,6 +129,28 @@ TORCHSPEED_OP_ARGS(LowbitDecodeArgs, "lowbit_decode", at::Tensor, TORCHSPEED_LOW
   TORCHSPEED_STEP_TAIL_ARGS(X)
 TORCHSPEED_OP_ARGS(SgdStepArgs, "sgd_step_", void, TORCHSPEED_SGD_STEP_ARGS);
 
+/// SGD with a low-bit momentum buffer (torchspeed.optim.SGD's state_dtype "bf16" / "int8");
+/// see the schema in csrc/ops/optim.cpp.
+#define TORCHSPEED_SGD_LOWBIT_STEP_ARGS(X)        \
+  X(at::TensorList, params, {})                   \
+  X(at::TensorList, grads, {})                    \
+  X(at::TensorList, momentum_buffers, {})         \
+  X(at::TensorList, momentum_buffer_absmaxes, {}) \
+  X(at::TensorList, masters, {})                  \
+  X(at::TensorList, steps, {})                    \
+  X(at::TensorList, masks, {})                    \
+  X(at::TensorList, emas, {})                     \
+  X(int64_t, state_block, 256)                    \
+  X(double, lr, 1e-3)                             \
+  X(double, momentum, 0.0)                        \
+  X(double, dampening, 0.0)                       \
+  X(double, weight_decay, 0.0)                    \
+  X(bool, nesterov, false)                        \
+  X(bool, maximize, false)                        \
+  X(bool, first_step, false)                      \
+  TORCHSPEED_STEP_TAIL_ARGS(X)
+TORCHSPEED_OP_ARGS(SgdLowbitStepArgs, "sgd_lowbit_step_", void, TORCHSPEED_SGD_LOWBIT_STEP_ARGS);
+
 #define TORCHSPEED_LION_STEP_ARGS(X) \
   X(at::TensorList, params, {})      \
   X(at::TensorList, grads, {})       \
@@ -144,6 +166,26 @@ TORCHSPEED_OP_ARGS(SgdStepArgs, "sgd_step_", void, TORCHSPEED_SGD_STEP_ARGS);
   X(bool, maximize, false)           \
   TORCHSPEED_STEP_TAIL_ARGS(X)
 TORCHSPEED_OP_ARGS(LionStepArgs, "lion_step_", void, TORCHSPEED_LION_STEP_ARGS);
+
+/// Lion with a low-bit moment (torchspeed.optim.Lion's state_dtype "bf16" / "int8"); see the
+/// schema in csrc/ops/optim.cpp.
+#define TORCHSPEED_LION_LOWBIT_STEP_ARGS(X) \
+  X(at::TensorList, params, {})             \
+  X(at::TensorList, grads, {})              \
+  X(at::TensorList, exp_avgs, {})           \
+  X(at::TensorList, exp_avg_absmaxes, {})   \
+  X(at::TensorList, masters, {})            \
+  X(at::TensorList, steps, {})              \
+  X(at::TensorList, masks, {})              \
+  X(at::TensorList, emas, {})               \
+  X(int64_t, state_block, 256)              \
+  X(double, lr, 1e-4)                       \
+  X(double, beta1, 0.9)                     \
+  X(double, beta2, 0.99)                    \
+  X(double, weight_decay, 0.0)              \
+  X(bool, maximize, false)                  \
+  TORCHSPEED_STEP_TAIL_ARGS(X)
+TORCHSPEED_OP_ARGS(LionLowbitStepArgs, "lion_lowbit_step_", void, TORCHSPEED_LION_LOWBIT_STEP_ARGS);
 
 #define TORCHSPEED_LAMB_STEP_ARGS(X) \
   X(at::TensorList, params, {})      \
@@ -198,7 +240,9 @@ TORCHSPEED_API GradStats grad_stats_unscale_(at::TensorList tensors, const at::T
 TORCHSPEED_API void adam_step_(const AdamStepArgs& args);
 TORCHSPEED_API void adam_lowbit_step_(const AdamLowbitStepArgs& args);
 TORCHSPEED_API void sgd_step_(const SgdStepArgs& args);
+TORCHSPEED_API void sgd_lowbit_step_(const SgdLowbitStepArgs& args);
 TORCHSPEED_API void lion_step_(const LionStepArgs& args);
+TORCHSPEED_API void lion_lowbit_step_(const LionLowbitStepArgs& args);
 TORCHSPEED_API void lamb_step_(const LambStepArgs& args);
 
 }  // namespace torchspeed

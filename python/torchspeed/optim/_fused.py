@@ -151,7 +151,6 @@ class FusedOptimizer(Optimizer):
     _hyperparameters: tuple = ("weight_decay",)  # real-valued, besides lr, betas and the extras
     _has_betas = False
     _tensor_lr_foreach_error = False  # torch.optim.Adam* reject a Tensor lr with foreach=True
-    _has_lowbit_state = False  # set once a param's moments are bf16 / int8 (Adam)
     # Group keys a load keeps from the optimizer (the state is converted to them), see
     # load_state_dict.
     _kept_on_load: tuple = ()
@@ -427,8 +426,9 @@ class FusedOptimizer(Optimizer):
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state held for all params: moments (and their absmaxes), masters,
-        EMA copies and step counts. Per param: 8 with float32 moments, 4 with bf16, about 2.03
-        with int8 (blocks of 256) under Adam/AdamW; docs/OPTIM.md."""
+        EMA copies and step counts. Per param under Adam/AdamW: 8 with float32 moments, 4 with
+        bf16, about 2.03 with int8 (blocks of 256); half that under Lion and SGD with momentum
+        (one moment); docs/OPTIM.md."""
         return sum(_state_nbytes(s) for s in self.state.values() if s)
 
     # ---- step ----------------------------------------------------------------------------------

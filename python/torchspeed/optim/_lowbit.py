@@ -1,15 +1,17 @@
-"""Low-bit optimizer moments (``state_dtype="bf16"`` / ``"int8"``): the state layout, and the
-conversions a load or an export needs (the step itself runs in the fused kernels; the int8
-encode / decode are the native ops lowbit_encode / lowbit_decode, which share the step's element
-math, so a loaded state and the step can never disagree).
+"""Low-bit optimizer moments (``state_dtype="bf16"`` / ``"int8"``): the state layout, the
+conversions a load or an export needs, and LowbitMoments, the part of Adam/AdamW, Lion and SGD
+that keeps their moments in it (the step itself runs in the fused kernels; the int8 encode /
+decode are the native ops lowbit_encode / lowbit_decode, which share the step's element math, so
+a loaded state and the step can never disagree).
 
-int8 moments are blockwise: ``exp_avg`` holds int8 codes, ``exp_avg_sq`` uint8 codes, and
-``exp_avg_absmax`` / ``exp_avg_sq_absmax`` one float32 absmax per block of ``state_block``
-elements (in the param's memory order). The maps (kernels/cpu/lowbit_state.h, docs/OPTIM.md)
-are 8-bit floats relative to the block's absmax: sign + E4M3 for m, unsigned E5M3 for v.
+int8 moments are blockwise: a signed moment (Adam's and Lion's ``exp_avg``, SGD's
+``momentum_buffer``) holds int8 codes, an unsigned one (Adam's ``exp_avg_sq``) uint8 codes, and
+each has ``<key>_absmax``: one float32 absmax per block of ``state_block`` elements (in the
+param's memory order). The maps (kernels/cpu/lowbit_state.h, docs/OPTIM.md) are 8-bit floats
+relative to the block's absmax: sign + E4M3 for signed moments, unsigned E5M3 for v.
 """
 
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 
@@ -20,7 +22,17 @@ STATE_DTYPES = ("fp32", "bf16", "int8")
 #: min_8bit_size): their state is small, and their blocks would be mostly padding.
 DEFAULT_MIN_LOWBIT_NUMEL = 4096
 DEFAULT_STATE_BLOCK = 256
-ABSMAX_KEYS = ("exp_avg_absmax", "exp_avg_sq_absmax")
+#: An optimizer's low-bit moments: (state key, signed) in its op's order; the first one's dtype
+#: is the stored format.
+ADAM_MOMENTS = (("exp_avg", True), ("exp_avg_sq", False))
+
+
+def absmax_key(key: str) -> str:
+    """The state key of an int8 moment's per-block absmaxes."""
+    return key + "_absmax"
+
+
+ABSMAX_KEYS = tuple(absmax_key(k) for k, _ in ADAM_MOMENTS)
 
 
 def _op(name: str):
@@ -62,9 +74,9 @@ def format_of(state_dtype: str, numel: int, min_lowbit_numel: int) -> str:
     return state_dtype
 
 
-def stored_format(state: Dict) -> str:
-    """The format of a param's stored moments."""
-    m = state.get("exp_avg")
+def stored_format(state: Dict, key: str = "exp_avg") -> str:
+    """The format of a param's stored moments (`key`: its optimizer's first moment)."""
+    m = state.get(key)
     if m is None or m.dtype == torch.float32:
         return "fp32"
     return "bf16" if m.dtype == torch.bfloat16 else "int8"
@@ -75,24 +87,27 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((t.numel(),), (1,))
 
 
-def dequantize_m(codes: torch.Tensor, absmax: torch.Tensor, block: int) -> torch.Tensor:
-    """float32 first moment (flat, memory order) from int8 codes and per-block absmax: the native
-    lowbit_decode, the step's own map."""
+def dequantize(codes: torch.Tensor, absmax: torch.Tensor, block: int) -> torch.Tensor:
+    """float32 moment (flat, memory order) from int8 (signed map) or uint8 (unsigned map) codes
+    and per-block absmax: the native lowbit_decode, the step's own map."""
     return _op("lowbit_decode")(_flat(codes), absmax.contiguous(), block)
 
 
-def dequantize_v(codes: torch.Tensor, absmax: torch.Tensor, block: int) -> torch.Tensor:
-    return _op("lowbit_decode")(_flat(codes), absmax.contiguous(), block)
+dequantize_m = dequantize_v = dequantize
+
+
+def quantize(x: torch.Tensor, signed: bool, block: int):
+    """(codes, float32 absmax) of a float32 moment given flat in memory order: int8 codes of the
+    signed map, or uint8 of the unsigned one; the native lowbit_encode, the step's own quantizer."""
+    return _op("lowbit_encode")(x.float().contiguous(), signed, block)
 
 
 def quantize_m(m: torch.Tensor, block: int):
-    """(int8 codes, float32 absmax) of a float32 first moment given flat in memory order: the
-    native lowbit_encode, the step's own quantizer."""
-    return _op("lowbit_encode")(m.float().contiguous(), True, block)
+    return quantize(m, True, block)
 
 
 def quantize_v(v: torch.Tensor, block: int):
-    return _op("lowbit_encode")(v.float().contiguous(), False, block)
+    return quantize(v, False, block)
 
 
 def _laid_out(flat: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -102,42 +117,224 @@ def _laid_out(flat: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> torch.
     return out
 
 
-def moments_fp32(state: Dict, p: torch.Tensor, block: int):
-    """(exp_avg, exp_avg_sq) as float32 tensors laid out like p, from any stored format."""
-    fmt = stored_format(state)
-    m, v = state["exp_avg"], state["exp_avg_sq"]
-    if fmt == "int8":
-        m = _laid_out(dequantize_m(m, state["exp_avg_absmax"], block), p, torch.float32)
-        v = _laid_out(dequantize_v(v, state["exp_avg_sq_absmax"], block), p, torch.float32)
-        return m, v
-    return m.float(), v.float()
+def moments_fp32(state: Dict, p: torch.Tensor, block: int, moments=ADAM_MOMENTS) -> Tuple:
+    """The moments (in `moments`' order) as float32 tensors laid out like p, from any stored
+    format."""
+    fmt = stored_format(state, moments[0][0])
+    if fmt != "int8":
+        return tuple(state[key].float() for key, _ in moments)
+    return tuple(
+        _laid_out(dequantize(state[key], state[absmax_key(key)], block), p, torch.float32)
+        for key, _ in moments
+    )
 
 
-def to_format(state: Dict, p: torch.Tensor, fmt: str, block: int) -> Dict:
+def to_format(state: Dict, p: torch.Tensor, fmt: str, block: int, moments=ADAM_MOMENTS) -> Dict:
     """A copy of `state` whose moments are stored in `fmt` (zeros when absent). bf16 from fp32
     rounds to nearest; int8 quantizes as the kernel does."""
     state = dict(state)
-    if state.get("exp_avg") is None or state.get("exp_avg_sq") is None:
-        m = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-        v = m.clone()
-    elif stored_format(state) == fmt and (
-        fmt != "int8" or state["exp_avg_absmax"].numel() == -(-p.numel() // block)
+    first = moments[0][0]
+    if any(state.get(key) is None for key, _ in moments):
+        zeros = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        values = [zeros] + [zeros.clone() for _ in moments[1:]]
+    elif stored_format(state, first) == fmt and (
+        fmt != "int8" or state[absmax_key(first)].numel() == -(-p.numel() // block)
     ):
         return state
     else:
-        m, v = moments_fp32(state, p, block)
-    for key in ABSMAX_KEYS:
-        state.pop(key, None)
-    if fmt == "fp32":
-        state["exp_avg"], state["exp_avg_sq"] = m, v
-    elif fmt == "bf16":
-        state["exp_avg"] = m.to(torch.bfloat16)
-        state["exp_avg_sq"] = v.to(torch.bfloat16)
-    else:
-        qm, am = quantize_m(_flat(m), block)
-        qv, av = quantize_v(_flat(v), block)
-        state["exp_avg"] = _laid_out(qm, p, torch.int8)
-        state["exp_avg_sq"] = _laid_out(qv, p, torch.uint8)
-        state["exp_avg_absmax"] = am.to(p.device)
-        state["exp_avg_sq_absmax"] = av.to(p.device)
+        values = moments_fp32(state, p, block, moments)
+    for key, _ in moments:
+        state.pop(absmax_key(key), None)
+    for (key, signed), value in zip(moments, values):
+        if fmt == "fp32":
+            state[key] = value
+        elif fmt == "bf16":
+            state[key] = value.to(torch.bfloat16)
+        else:
+            codes, absmax = quantize(_flat(value), signed, block)
+            state[key] = _laid_out(codes, p, torch.int8 if signed else torch.uint8)
+            state[absmax_key(key)] = absmax.to(p.device)
     return state
+
+
+class LowbitMoments:
+    """The low-bit state of a fused optimizer (a mixin before FusedOptimizer in the bases):
+    the options state_dtype / min_lowbit_numel / state_block per group (checked by the one C++
+    validator), one op call per stored format, the state created and loaded in the group's
+    format, and torch_state_dict(). The subclass names its moments in `_lowbit_moments` and
+    calls its low-bit op in _op_call when a bucket's moments are not float32."""
+
+    _lowbit_moments: tuple = ()  # ((state key, signed), ...) in the op's order
+    # The optimizer's own state format is kept by a load; the loaded moments are converted to it.
+    _kept_on_load = ("state_dtype", "min_lowbit_numel", "state_block")
+    _has_lowbit_state = False  # set once a param's moments are bf16 / int8
+
+    def _lowbit_active(self, group) -> bool:
+        """Whether the group has moments at all (SGD without momentum has none)."""
+        return True
+
+    def _group_defaults(self, group):
+        group.setdefault("state_dtype", "fp32")
+        group.setdefault("min_lowbit_numel", DEFAULT_MIN_LOWBIT_NUMEL)
+        group.setdefault("state_block", DEFAULT_STATE_BLOCK)
+        super()._group_defaults(group)
+
+    def _check_group(self, group, where):
+        check_options(
+            type(self).__name__,
+            group.get("state_dtype", "fp32"),
+            group.get("min_lowbit_numel", DEFAULT_MIN_LOWBIT_NUMEL),
+            group.get("state_block", DEFAULT_STATE_BLOCK),
+            f"{where}." if where else "",
+        )
+        super()._check_group(group, where)
+
+    def _format_for(self, group, p) -> str:
+        """The format new (or converted) moments of p get under its group's settings."""
+        return format_of(group["state_dtype"], p.numel(), group["min_lowbit_numel"])
+
+    def _stored_or_new_format(self, group, p) -> str:
+        """The format of p's moments: as stored, or the group's for new ones."""
+        first = self._lowbit_moments[0][0]
+        s = self.state.get(p)  # .get: a step must not add empty entries to the defaultdict
+        if s and s.get(first) is not None:
+            return stored_format(s, first)
+        return self._format_for(group, p)
+
+    def _buckets(self, group, params):
+        buckets = super()._buckets(group, params)
+        if not self._lowbit_active(group) or (
+            group["state_dtype"] == "fp32" and not self._has_lowbit_state
+        ):
+            return buckets
+        # One op call per stored format (a param keeps the format its moments have; new ones get
+        # the group's).
+        out = []
+        for bucket in buckets:
+            by_format = {}
+            for p in bucket:
+                by_format.setdefault(self._stored_or_new_format(group, p), []).append(p)
+            out += list(by_format.values())
+        return out
+
+    def _bucket_state_keys(self, group, p):
+        keys = super()._bucket_state_keys(group, p)
+        if not self._lowbit_active(group) or self._stored_or_new_format(group, p) != "int8":
+            return keys
+        return keys + tuple(absmax_key(k) for k, _ in self._lowbit_moments)
+
+    def _new_state(self, group, p, old):
+        old = dict(old) if old else {}
+        if self._lowbit_active(group) and old.get(self._lowbit_moments[0][0]) is None:
+            fmt = self._format_for(group, p)
+            if fmt != "fp32":
+                self._has_lowbit_state = True
+                old = to_format(old, p, fmt, group["state_block"], self._lowbit_moments)
+        return super()._new_state(group, p, old)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        first = self._lowbit_moments[0][0]
+        self._has_lowbit_state = any(
+            stored_format(s, first) != "fp32" for s in self.state.values() if s
+        )
+
+    def _load_value(self, key, value, p, where):
+        absmaxes = tuple(absmax_key(k) for k, _ in self._lowbit_moments)
+        if torch.is_tensor(value) and (
+            key in absmaxes
+            or (
+                any(key == k for k, _ in self._lowbit_moments)
+                and value.dtype in (torch.int8, torch.uint8, torch.bfloat16)
+            )
+        ):
+            # Low-bit moments and their absmaxes: sizes are checked with the whole state
+            # (_load_state); codes are copied in memory order, laid out like the param.
+            if value.layout != torch.strided or not value.is_contiguous():
+                value = value.contiguous()
+            if key in absmaxes:
+                return value.detach().to(p.device).float().clone().reshape(-1)
+            if value.numel() != p.numel():
+                raise ValueError(
+                    f"torchspeed.optim.{type(self).__name__}: {where}['{key}'] must have "
+                    f"{p.numel()} elements like its param, got {value.numel()} (shape "
+                    f"{tuple(value.shape)})"
+                )
+            return _laid_out(value.detach().reshape(-1), p, value.dtype)
+        return super()._load_value(key, value, p, where)
+
+    def _load_state(self, group, p, values, where):
+        """A loaded state converted to its group's format (see load_state_dict)."""
+        name = type(self).__name__
+        keys = [k for k, _ in self._lowbit_moments]
+        first = values.get(keys[0])
+        if any(absmax_key(k) in values for k in keys) or (
+            torch.is_tensor(first) and first.dtype == torch.int8
+        ):
+            self._check_int8_state(name, values, p, where, group["state_block"])
+        elif all(torch.is_tensor(values.get(k)) for k in keys):
+            dtypes = [values[k].dtype for k in keys]
+            if len(set(dtypes)) > 1:
+                raise ValueError(
+                    f"torchspeed.optim.{name}: {where}: {' and '.join(keys)} must have one "
+                    f"format, got {' and '.join(str(d) for d in dtypes)}"
+                )
+        if not self._lowbit_active(group) or any(values.get(k) is None for k in keys):
+            return values
+        fmt = self._format_for(group, p)
+        if fmt != "fp32":
+            self._has_lowbit_state = True
+        return to_format(values, p, fmt, group["state_block"], self._lowbit_moments)
+
+    def _check_int8_state(self, name, values, p, where, block):
+        blocks = -(-p.numel() // block)
+        want = {}
+        for key, signed in self._lowbit_moments:
+            want[key] = (torch.int8 if signed else torch.uint8, p.numel())
+        for key, _ in self._lowbit_moments:
+            want[absmax_key(key)] = (torch.float32, blocks)
+        for key, (dtype, numel) in want.items():
+            t = values.get(key)
+            if not torch.is_tensor(t) or t.dtype != dtype or t.numel() != numel:
+                got = f"{t.dtype} with {t.numel()} elements" if torch.is_tensor(t) else repr(t)
+                raise ValueError(
+                    f"torchspeed.optim.{name}: {where}['{key}'] of an int8 state must be {dtype} "
+                    f"with {numel} elements (state_block {block}), got {got}"
+                )
+        for key, _ in self._lowbit_moments:
+            a = values[absmax_key(key)]
+            if not bool(torch.isfinite(a).all()) or bool((a < 0).any()):
+                raise ValueError(
+                    f"torchspeed.optim.{name}: {where}['{absmax_key(key)}'] must hold finite "
+                    f"values >= 0 (one absmax per block), got min {a.min().item()} max "
+                    f"{a.max().item()}"
+                )
+
+    def _torch_state(self, state: Dict) -> Dict:
+        """One param's exported state, after its moments are float32 (subclasses drop keys)."""
+        return state
+
+    def torch_state_dict(self):
+        """The state_dict with float32 moments (dequantized from bf16 / int8), no absmax entries
+        and no low-bit group keys: torch.optim's format for Adam/AdamW and SGD (load it into
+        torch.optim to leave torchspeed), and what a torchspeed optimizer of any state_dtype
+        loads (converting it to its own)."""
+        sd = self.state_dict()
+        first = self._lowbit_moments[0][0]
+        owner = {}
+        for saved, group in zip(sd["param_groups"], self.param_groups):
+            owner.update((i, (p, group)) for i, p in zip(saved["params"], group["params"]))
+            for key in self._kept_on_load:
+                saved.pop(key, None)
+        for index, s in list(sd["state"].items()):
+            if s.get(first) is None or stored_format(s, first) == "fp32":
+                continue
+            # torch's state_dict shares each param's state dict with the optimizer: copy it.
+            s = dict(s)
+            p, group = owner[index]
+            values = moments_fp32(s, p, group["state_block"], self._lowbit_moments)
+            for (key, _), value in zip(self._lowbit_moments, values):
+                s[key] = value
+                s.pop(absmax_key(key), None)
+            sd["state"][index] = self._torch_state(s)
+        return sd

@@ -5,16 +5,27 @@ from typing import Optional, Union
 import torch
 
 from .. import _C
+from . import _lowbit
 from ._fused import FusedOptimizer, _accept_torch_only_flags, _arguments
 
 
-class SGD(FusedOptimizer):
+class SGD(_lowbit.LowbitMoments, FusedOptimizer):
     """SGD with momentum, dampening, nesterov and weight decay; torch.optim.SGD's arguments and
     defaults, plus master_weights, max_grad_norm and ema_decay (see FusedOptimizer). The momentum
-    buffer is float32 and named "momentum_buffer" as in torch."""
+    buffer is float32 and named "momentum_buffer" as in torch.
+
+    Low-bit momentum buffer (keyword-only, per group, with momentum != 0; CPU kernels for now),
+    as Adam's state_dtype (docs/OPTIM.md): "fp32" (default, 4 bytes per param), "bf16" (2 bytes,
+    stochastic rounding) or "int8" (blockwise codes of the signed map with one float32 absmax per
+    block in ``momentum_buffer_absmax``: about 1.02 bytes); min_lowbit_numel (4096) and
+    state_block (256) as Adam's. A low-bit buffer comes with a float32 ``step`` count per param
+    (it seeds bf16's stochastic rounding); torch_state_dict() drops it and returns
+    torch.optim.SGD's state with a float32 momentum_buffer.
+    """
 
     _uses_step = False
     _hyperparameters = ("momentum", "dampening", "weight_decay")
+    _lowbit_moments = (("momentum_buffer", True),)
 
     def __init__(
         self,
@@ -32,6 +43,9 @@ class SGD(FusedOptimizer):
         master_weights: Optional[bool] = None,
         max_grad_norm: Optional[float] = None,
         ema_decay: Optional[float] = None,
+        state_dtype: str = "fp32",
+        min_lowbit_numel: int = _lowbit.DEFAULT_MIN_LOWBIT_NUMEL,
+        state_block: int = _lowbit.DEFAULT_STATE_BLOCK,
     ):
         defaults = _arguments(locals())
         _accept_torch_only_flags("SGD", foreach, fused, differentiable)
@@ -40,9 +54,35 @@ class SGD(FusedOptimizer):
     def _group_defaults(self, group):
         group.setdefault("nesterov", False)
         group.setdefault("maximize", False)
+        super()._group_defaults(group)  # the low-bit options
+
+    def _lowbit_active(self, group) -> bool:
+        return group["momentum"] != 0
 
     def _state_keys_for(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
+
+    def _bucket_state_keys(self, group, p):
+        keys = super()._bucket_state_keys(group, p)
+        if self._lowbit_active(group) and self._stored_or_new_format(group, p) != "fp32":
+            keys += ("step",)
+        return keys
+
+    def _new_state(self, group, p, old):
+        state = super()._new_state(group, p, old)
+        if _lowbit.stored_format(state, "momentum_buffer") != "fp32" and state.get("step") is None:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        return state
+
+    def _load_state(self, group, p, values, where):
+        values = super()._load_state(group, p, values, where)
+        if _lowbit.stored_format(values, "momentum_buffer") == "fp32":
+            values.pop("step", None)  # only a low-bit buffer has one (torch.optim.SGD's state)
+        return values
+
+    def _torch_state(self, state):
+        state.pop("step", None)
+        return state
 
     def _buckets(self, group, params):
         # Params without a momentum buffer yet start it from their grad (first_step=True).
@@ -57,6 +97,7 @@ class SGD(FusedOptimizer):
         return out
 
     def _check_group(self, group, where):
+        super()._check_group(group, where)  # the low-bit options
         # torch checks nesterov against the defaults only; in a group, nesterov without momentum
         # is plain SGD, and the kernel needs zero dampening when both are set.
         nesterov = bool(group["nesterov"]) and (not where or group["momentum"] != 0)
@@ -70,7 +111,7 @@ class SGD(FusedOptimizer):
         state_of = self.state
         first = momentum != 0 and state_of.get(params[0], {}).get("momentum_buffer") is None
         buffers = [s["momentum_buffer"] for s in states] if momentum != 0 else []
-        args = (params, grads, buffers, masters, masks, emas)
+        lowbit = bool(buffers) and buffers[0].dtype != torch.float32  # a bucket has one format
         kwargs = dict(
             momentum=float(momentum),
             dampening=float(group["dampening"]),
@@ -81,6 +122,16 @@ class SGD(FusedOptimizer):
             first_step=first,
             **scalars,
         )
+        if lowbit:
+            int8 = buffers[0].dtype == torch.int8
+            absmaxes = [s["momentum_buffer_absmax"] for s in states] if int8 else []
+            steps = [s["step"] for s in states]
+            args = (params, grads, buffers, absmaxes, masters, steps, masks, emas)
+            kwargs["state_block"] = group["state_block"]
+            op = torch.ops.torchspeed.sgd_lowbit_step_
+        else:
+            args = (params, grads, buffers, masters, masks, emas)
+            op = torch.ops.torchspeed.sgd_step_
         found_inf = scalars["found_inf"]
 
         def after():
@@ -91,4 +142,4 @@ class SGD(FusedOptimizer):
                 for s in states:
                     s["momentum_buffer"] = None
 
-        return torch.ops.torchspeed.sgd_step_, args, kwargs, after
+        return op, args, kwargs, after

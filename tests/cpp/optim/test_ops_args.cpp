@@ -15,6 +15,8 @@ TEST_CASE("every op's argument struct has its schema's names, order and defaults
   check_against_schema<torchspeed::LowbitEncodeArgs>();
   check_against_schema<torchspeed::LowbitDecodeArgs>();
   check_against_schema<torchspeed::SgdStepArgs>();
+  check_against_schema<torchspeed::SgdLowbitStepArgs>();
   check_against_schema<torchspeed::LionStepArgs>();
+  check_against_schema<torchspeed::LionLowbitStepArgs>();
   check_against_schema<torchspeed::LambStepArgs>();
 }
