@@ -32,6 +32,10 @@ BENCHMARKS = {
     ),
     "prune": ("prune", "packed pruning masks: apply vs memcpy, build vs torch.nn.utils.prune"),
     "ddp": ("ddp", "AccumulatingDDP vs torch DDP + no_sync vs no communication (2 Gloo ranks)"),
+    "lowbit_training": (
+        "lowbit_training",
+        "training loss with bf16/int8 optimizer states vs torch's fp32 AdamW / SGD (curves, PNG)",
+    ),
 }
 # What each benchmark needs beyond torch: pip install torchspeed[bench].
 _EXTRAS = {"loader": ("PIL", "numpy")}

@@ -1,0 +1,44 @@
+"""`torchspeed bench lowbit_training`: its rows, JSON and argument errors (the quality numbers are
+in bench/RESULTS.md; the 3 % bound is tested in test_lowbit.py / test_lowbit_one_moment.py)."""
+
+import json
+import math
+
+import pytest
+
+from torchspeed.benchmarks import lowbit_training
+
+
+def test_runs_every_state_dtype_beside_the_torch_anchor(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCHSPEED_RESULTS_DIR", str(tmp_path))
+    assert lowbit_training.main(["--quick", "--steps", "20", "--optimizers", "sgd,lion"]) == 0
+    rec = json.loads((tmp_path / "lowbit_training.json").read_text())
+    runs = [r["run"] for r in rec["rows"]]
+    # torch has no Lion: its reference is torchspeed's fp32 Lion.
+    assert runs == [
+        "sgd torch",
+        "sgd torchspeed fp32",
+        "sgd torchspeed bf16",
+        "sgd torchspeed int8",
+        "lion torchspeed fp32",
+        "lion torchspeed bf16",
+        "lion torchspeed int8",
+    ]
+    by = {r["run"]: r for r in rec["rows"]}
+    for r in rec["rows"]:
+        assert math.isfinite(r["final_loss"]) and r["final_loss"] < r["first_loss"], r
+    # The anchor and torchspeed's fp32 SGD run the same math: the same losses.
+    assert by["sgd torchspeed fp32"]["vs_reference"] == pytest.approx(0.0, abs=1e-6)
+    assert by["sgd torch"]["state_bytes_per_param"] == pytest.approx(4.0, rel=1e-3)
+    assert by["sgd torchspeed int8"]["state_bytes_per_param"] < 1.2
+    assert len(rec["curves"]["sgd torchspeed int8"]) == 20
+    assert "sgd torchspeed int8" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv", [["--optimizers", "adam"], ["--optimizers", ""], ["--steps", "5"], ["--threads", "0"]]
+)
+def test_bad_arguments_are_usage_errors(argv):
+    with pytest.raises(SystemExit) as e:
+        lowbit_training.main(argv)
+    assert e.value.code == 2
