@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/common/optim_types.h"
 #include "kernels/cuda/multi_tensor_apply.cuh"
 
 namespace torchspeed::kernels::cuda {
@@ -116,6 +117,37 @@ __device__ __forceinline__ void store_quad(T* p, int64_t i, int valid, const A (
     for (int k = 0; k < kMtaIlp; ++k) {
       if (k < valid) p[i + k] = from_acc<T>(static_cast<float>(r[k]));
     }
+  }
+}
+
+// ---- host: storage dtypes -> types ---------------------------------------------------------------
+
+/// Calls f(P{}, G{}) with the storage types of a (param, grad) dtype pair (float, __half or
+/// __nv_bfloat16 each) and returns its result; cudaErrorInvalidValue for any other dtype. The
+/// optimizer kernels' launch dispatch (optim.cu, optim_lowbit.cu).
+template <class F>
+cudaError_t dispatch_param_grad(DType param_dtype, DType grad_dtype, F&& f) {
+  const auto with_grad = [&](auto p) -> cudaError_t {
+    switch (grad_dtype) {
+      case DType::kBFloat16:
+        return f(p, __nv_bfloat16{});
+      case DType::kHalf:
+        return f(p, __half{});
+      case DType::kFloat:
+        return f(p, float{});
+      default:
+        return cudaErrorInvalidValue;
+    }
+  };
+  switch (param_dtype) {
+    case DType::kBFloat16:
+      return with_grad(__nv_bfloat16{});
+    case DType::kHalf:
+      return with_grad(__half{});
+    case DType::kFloat:
+      return with_grad(float{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -239,35 +239,13 @@ cudaError_t launch_batches(const std::vector<MtaTensor<kDepth>>& list, const Opt
       });
 }
 
-template <Kernel kKernel, typename P>
-cudaError_t dispatch_grad(DType grad_dtype, const std::vector<MtaTensor<kDepth>>& list,
-                          const OptimParams& prm, cudaStream_t stream) {
-  switch (grad_dtype) {
-    case DType::kBFloat16:
-      return launch_batches<kKernel, P, __nv_bfloat16>(list, prm, stream);
-    case DType::kHalf:
-      return launch_batches<kKernel, P, __half>(list, prm, stream);
-    case DType::kFloat:
-      return launch_batches<kKernel, P, float>(list, prm, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
 template <Kernel kKernel>
 cudaError_t dispatch(DType param_dtype, DType grad_dtype,
                      const std::vector<MtaTensor<kDepth>>& list, const OptimParams& prm,
                      cudaStream_t stream) {
-  switch (param_dtype) {
-    case DType::kBFloat16:
-      return dispatch_grad<kKernel, __nv_bfloat16>(grad_dtype, list, prm, stream);
-    case DType::kHalf:
-      return dispatch_grad<kKernel, __half>(grad_dtype, list, prm, stream);
-    case DType::kFloat:
-      return dispatch_grad<kKernel, float>(grad_dtype, list, prm, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return dispatch_param_grad(param_dtype, grad_dtype, [&](auto p, auto g) {
+    return launch_batches<kKernel, decltype(p), decltype(g)>(list, prm, stream);
+  });
 }
 
 cudaError_t run_kernel(Kernel kernel, DType param_dtype, DType grad_dtype,

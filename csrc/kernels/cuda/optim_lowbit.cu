@@ -357,35 +357,13 @@ cudaError_t launch_batches(const std::vector<MtaTensor<kDepth>>& list, const Low
       });
 }
 
-template <bool kInt8, typename P>
-cudaError_t dispatch_grad(DType grad_dtype, const std::vector<MtaTensor<kDepth>>& list,
-                          const LowbitParams& prm, cudaStream_t stream) {
-  switch (grad_dtype) {
-    case DType::kBFloat16:
-      return launch_batches<kInt8, P, __nv_bfloat16>(list, prm, stream);
-    case DType::kHalf:
-      return launch_batches<kInt8, P, __half>(list, prm, stream);
-    case DType::kFloat:
-      return launch_batches<kInt8, P, float>(list, prm, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
 template <bool kInt8>
 cudaError_t dispatch(DType param_dtype, DType grad_dtype,
                      const std::vector<MtaTensor<kDepth>>& list, const LowbitParams& prm,
                      cudaStream_t stream) {
-  switch (param_dtype) {
-    case DType::kBFloat16:
-      return dispatch_grad<kInt8, __nv_bfloat16>(grad_dtype, list, prm, stream);
-    case DType::kHalf:
-      return dispatch_grad<kInt8, __half>(grad_dtype, list, prm, stream);
-    case DType::kFloat:
-      return dispatch_grad<kInt8, float>(grad_dtype, list, prm, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return dispatch_param_grad(param_dtype, grad_dtype, [&](auto p, auto g) {
+    return launch_batches<kInt8, decltype(p), decltype(g)>(list, prm, stream);
+  });
 }
 
 }  // namespace
