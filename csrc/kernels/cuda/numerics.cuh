@@ -120,7 +120,8 @@ __device__ __forceinline__ void store_quad(T* p, int64_t i, int valid, const A (
   }
 }
 
-// ---- host: storage dtypes -> types ---------------------------------------------------------------
+// ---- host: storage dtypes -> types
+// ---------------------------------------------------------------
 
 /// Calls f(P{}, G{}) with the storage types of a (param, grad) dtype pair (float, __half or
 /// __nv_bfloat16 each) and returns its result; cudaErrorInvalidValue for any other dtype. The
