@@ -26,6 +26,7 @@ from .. import profile as tsp
 from .._progress import progress_bar
 from ..profile.verify import set_cudnn_benchmark
 from . import baseline as bl
+from .dataset import cpu_count
 
 
 # ---- the model ---------------------------------------------------------------------------------
@@ -310,7 +311,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         if "cpu_threads" in advice_rules and not cuda:
             # As the doctor's advice says: leave the loader's decode threads a core each.
             prev_threads = torch.get_num_threads()
-            n = max(1, len(os.sched_getaffinity(0)) - cfg.workers)
+            n = max(1, cpu_count() - cfg.workers)
             torch.set_num_threads(n)
             notes.append(f"torch.set_num_threads({n}) (the doctor's cpu_threads advice)")
         if cl:
