@@ -84,6 +84,14 @@ def main(argv=None) -> int:
         "into it, more loader workers, the data in memory) and print each measured gain beside "
         "its estimate, with the loss drift (the script runs several times; its stdout is dropped)",
     )
+    doc.add_argument(
+        "--verify-rounds",
+        type=int_at_least(1),
+        default=1,
+        metavar="N",
+        help="with --verify: run every fix N times, each round between runs of the script as it "
+        "is, and report the median over the rounds (default 1; more on a noisy machine)",
+    )
     doc.add_argument("--no-trace", action="store_true", help="do not write trace.json")
     doc.add_argument("--no-png", action="store_true", help="do not write steps.png")
     doc.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ARGS")
@@ -116,7 +124,13 @@ def main(argv=None) -> int:
         if args.verify is not None:
             from .profile._doctor import run_verify
 
-            return run_verify(command, steps=args.verify, warmup=args.warmup, file=sys.stderr)
+            return run_verify(
+                command,
+                steps=args.verify,
+                warmup=args.warmup,
+                file=sys.stderr,
+                rounds=args.verify_rounds,
+            )
         return run_doctor(
             command,
             steps=args.steps,

@@ -295,7 +295,7 @@ def _execute(argv: List[str]) -> int:
     return status
 
 
-def verify_script(argv: List[str], steps: int = 8, warmup: int = 1) -> tuple:
+def verify_script(argv: List[str], steps: int = 8, warmup: int = 1, rounds: int = 1) -> tuple:
     """The rows of ``torchspeed doctor --verify`` (verify.VerifyRow: the script as it is, then
     one per fix that applies) and the first failing run's exit status (0 when none failed)."""
     import io
@@ -324,11 +324,11 @@ def verify_script(argv: List[str], steps: int = 8, warmup: int = 1) -> tuple:
             return s, losses, [], None
         return s, losses, prof.advice(s), prof.facts()
 
-    rows = verify(run_steps)
+    rows = verify(run_steps, rounds=rounds)
     return rows, (failed[0] if failed else 0)
 
 
-def run_verify(argv: List[str], steps: int = 8, warmup: int = 1, file=None) -> int:
+def run_verify(argv: List[str], steps: int = 8, warmup: int = 1, file=None, rounds: int = 1) -> int:
     """``torchspeed doctor --verify``: runs the script's first ``steps`` steps as it is, then
     again with each fix that applies (verify.py), and prints each fix's measured gain beside the
     estimate and the loss drift. The script's stdout during these runs is dropped (it runs
@@ -336,9 +336,9 @@ def run_verify(argv: List[str], steps: int = 8, warmup: int = 1, file=None) -> i
     from .verify import format_rows
 
     stream = file or sys.stdout
-    rows, failed = verify_script(argv, steps=steps, warmup=warmup)
+    rows, failed = verify_script(argv, steps=steps, warmup=warmup, rounds=rounds)
     if failed:
         print(f"torchspeed doctor --verify: the script exited with {failed}", file=stream)
         return failed
-    print(format_rows(rows, steps), file=stream, flush=True)
+    print(format_rows(rows, steps, rounds), file=stream, flush=True)
     return 0

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import statistics
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -343,12 +344,17 @@ def _phase_median(summary: Any, phases: Tuple[str, ...]) -> float:
     return sum(summary.phases[p].median_s for p in phases if p in summary.phases)
 
 
-def verify(run_steps: Callable[..., tuple]) -> list:
+def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
     """run_steps(context, advise) runs the script's first steps under the context and returns
     (summary, losses, findings, facts); findings and facts only with advise=True (the first
     run's: the probes run once). Returns the rows: the baseline, one per fix that applies, and
-    the baseline again after them (when a fix applied; gains are against the mean of the two).
-    The headspace run's estimate is the whole data wait."""
+    the baseline again after them (when a fix applied). The headspace run's estimate is the whole
+    data wait.
+
+    Each of `rounds` rounds runs every fix once, and a run as the script is comes before each
+    round and after the last: a fix's gain in a round is against the mean of the two runs around
+    it (on a shared machine the load moves between runs), and a row reports the median over the
+    rounds (its step and gains), so one disturbed run does not decide it."""
     from .rules import verify_estimates
 
     base, base_losses, findings, facts = run_steps(contextlib.nullcontext(), True)
@@ -356,68 +362,67 @@ def verify(run_steps: Callable[..., tuple]) -> list:
     estimates.update({f.rule: f.est_gain_s for f in findings if f.est_gain_s > 0})
     estimates["headspace"] = _phase_median(base, ("data_wait",))
     fixes = _stacked_on_threads(_fixes(findings, facts))
-    trials = []
-    for _, _, make, _ in fixes:
-        trials.append(run_steps(make(), False))
-    # The script as it is once more, after the fixes: on a shared machine the load moves between
-    # runs, and a gain is then measured against the mean of the runs before and after.
-    again = run_steps(contextlib.nullcontext(), False)[0] if fixes else base
-    base_s = 0.5 * (base.step_median_s + again.step_median_s)
+    if not fixes:
+        return [VerifyRow("as the script is", "", None, base.step_median_s, 0.0, 0.0)]
+    bases = [base]
+    trials: List[list] = []  # [round][fix] -> (summary, losses, ...)
+    for r in range(max(1, rounds)):
+        if r:
+            bases.append(run_steps(contextlib.nullcontext(), False)[0])
+        trials.append([run_steps(make(), False) for _, _, make, _ in fixes])
+    bases.append(run_steps(contextlib.nullcontext(), False)[0])
+    threads_i = next((i for i, f in enumerate(fixes) if f[1] == "cpu_threads"), None)
     rows = [VerifyRow("as the script is", "", None, base.step_median_s, 0.0, 0.0)]
-    threads_run = next((t[0] for f, t in zip(fixes, trials) if f[1] == "cpu_threads"), None)
-    for (name, rule, _, advised), (s, losses, _, _) in zip(fixes, trials):
-        if threads_run is not None and rule in _STACKED:
-            # Tried on top of the threads fix: measured against that run, and the estimate (a
-            # ratio of forward+backward) applied to that run's forward+backward.
-            t0 = _phase_median(base, PHASES_OF[rule])
-            t1 = _phase_median(threads_run, PHASES_OF[rule])
-            est = estimates.get(rule)
-            rows.append(
-                VerifyRow(
-                    name,
-                    rule,
-                    est * t1 / t0 if est is not None and t0 > 0 else None,
-                    s.step_median_s,
-                    threads_run.step_median_s - s.step_median_s,
-                    _drift(losses, base_losses),
-                    t1 - _phase_median(s, PHASES_OF[rule]),
-                    PHASES_OF[rule],
-                    advised,
-                )
-            )
-            continue
-        drift = _drift(losses, base_losses)
+    for i, (name, rule, _, advised) in enumerate(fixes):
         phases = PHASES_OF.get(rule, ())
-        phase_gain = None
-        if phases:
-            before = 0.5 * (_phase_median(base, phases) + _phase_median(again, phases))
-            phase_gain = before - _phase_median(s, phases)
+        stacked = threads_i is not None and rule in _STACKED
+        steps, gains, phase_gains, est = [], [], [], estimates.get(rule)
+        t0s, t1s = [], []
+        for r, round_trials in enumerate(trials):
+            s = round_trials[i][0]
+            if stacked:
+                # Tried on top of the threads fix: measured against that run of the round.
+                ref = round_trials[threads_i][0]
+                before_s, before_p = ref.step_median_s, _phase_median(ref, phases)
+                t1s.append(before_p)
+                t0s.append(0.5 * sum(_phase_median(b, phases) for b in bases[r : r + 2]))
+            else:
+                before_s = 0.5 * (bases[r].step_median_s + bases[r + 1].step_median_s)
+                before_p = 0.5 * sum(_phase_median(b, phases) for b in bases[r : r + 2])
+            steps.append(s.step_median_s)
+            gains.append(before_s - s.step_median_s)
+            phase_gains.append(before_p - _phase_median(s, phases))
+        if stacked and est is not None:
+            # The estimate is a ratio of forward+backward: applied to the threads run's.
+            t0, t1 = statistics.median(t0s), statistics.median(t1s)
+            est = est * t1 / t0 if t0 > 0 else None
         rows.append(
             VerifyRow(
                 name,
                 rule,
-                estimates.get(rule),
-                s.step_median_s,
-                base_s - s.step_median_s,
-                drift,
-                phase_gain,
+                est,
+                statistics.median(steps),
+                statistics.median(gains),
+                _drift(trials[0][i][1], base_losses),
+                statistics.median(phase_gains) if phases else None,
                 phases,
                 advised,
             )
         )
-    if fixes:
-        rows.append(VerifyRow("as the script is, again", "", None, again.step_median_s, 0.0, 0.0))
+    rows.append(VerifyRow("as the script is, again", "", None, bases[-1].step_median_s, 0.0, 0.0))
     return rows
 
 
-def format_rows(rows: List[VerifyRow], steps: int) -> str:
+def format_rows(rows: List[VerifyRow], steps: int, rounds: int = 1) -> str:
     def ms(x):
         return "-" if x is None else f"{1e3 * x:.1f} ms"
 
     lines = [
-        f"verified ({steps} steps per run, medians; gain = the mean of the two runs as the script "
-        "is (first and last) minus the fix's; the phase gain is over the phases the fix acts "
-        "on, the figure its estimate is about):",
+        f"verified ({steps} steps per run, medians"
+        + (f", {rounds} rounds (the median over them)" if rounds > 1 else "")
+        + "; gain = the mean of the runs as the script is before and after the fix's round "
+        "minus the fix's (a fix tried on top of the threads fix: that run minus the fix's); the "
+        "phase gain is over the phases the fix acts on, the figure its estimate is about):",
         f"  {'fix':<44} {'step':>10} {'step gain':>10} {'phase gain':>11} {'estimated':>10} "
         f"{'est/meas':>8} {'loss drift':>10}  phases",
     ]

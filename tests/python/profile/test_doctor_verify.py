@@ -195,3 +195,34 @@ def test_compute_fixes_are_tried_on_top_of_the_threads_fix(monkeypatch):
     assert amp.phase_gain_s == pytest.approx(0.040 - 0.025)  # against the threads run
     assert amp.measured_gain_s == pytest.approx(0.050 - 0.035)
     assert amp.estimated_gain_s == pytest.approx(0.04 * 0.040 / 0.080)  # scaled to 40 ms
+
+
+def test_rounds_take_the_median_gain_against_the_runs_around_each_round(monkeypatch):
+    """--verify-rounds: every fix once per round, a run as the script is between the rounds; one
+    disturbed round does not decide the row."""
+    from test_advice import make_summary
+
+    from torchspeed.profile.summary import Finding, RunFacts
+
+    def summ(ms):
+        return make_summary(ms / 1e3, {"forward": ms / 2e3, "backward": ms / 4e3})
+
+    found = [Finding("amp", "warning", "t", "f", est_step_s=0.07, est_gain_s=0.03)]
+    # base, amp (round 0), base, amp (round 1, disturbed), base, amp (round 2), base
+    seq = iter([100, 60, 100, 200, 100, 64, 100])
+
+    def run_steps(ctx, advise):
+        with ctx:
+            s = summ(next(seq))
+        return (s, [1.0], found, RunFacts()) if advise else (s, [1.0], [], None)
+
+    rows = {r.fix: r for r in verify.verify(run_steps, rounds=3)}
+    amp = rows["bf16 autocast"]
+    assert amp.step_median_s == pytest.approx(0.064)
+    assert amp.measured_gain_s == pytest.approx(0.036)  # median of 40, -100, 36 ms
+    assert amp.phase_gain_s == pytest.approx(0.036 * 0.75)
+    assert rows["as the script is, again"].step_median_s == pytest.approx(0.1)
+    with pytest.raises(StopIteration):
+        next(seq)  # 1 + 3 rounds x 1 fix + 2 runs between/after = 7 runs
+    text = verify.format_rows(list(rows.values()), 5, rounds=3)
+    assert "3 rounds" in text
