@@ -97,8 +97,11 @@ inline void quant_m(U m, float inv, int8_t* p) {
 /// As quant_m, rounded stochastically on the code grid instead of to nearest, given 20 bits of
 /// noise per lane: |m| / absmax's float32 bits plus the noise, truncated to 3 mantissa bits, so a
 /// value between two codes goes up with probability (distance to the lower code) / (their
-/// spacing). Codes are exact where they are (the absmax element stays 127); below the smallest
-/// code's binade the value is 0 or that code, as quant_m's. For one-moment optimizers whose EMA
+/// spacing), within each binade of the grid. Codes are exact where they are (the absmax element
+/// stays 127). Not unbiased at the bottom of the grid: code 0 stands for 0, so values below the
+/// smallest code's binade (|m| / absmax < 2^-16 * 1.125) always become 0, and those between it and
+/// the smallest code round up with probability (x - 1.125) / 0.125 (in units of 2^-16) rather than
+/// x / 1.25: a bias below 2^-16 of the block's absmax. For one-moment optimizers whose EMA
 /// moves a moment by less than half a code step per step (Lion's beta2 = 0.99: 1 %), where
 /// rounding to nearest would freeze it.
 template <class U>

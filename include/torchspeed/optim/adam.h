@@ -1,6 +1,7 @@
 // torchspeed::optim::Adam and AdamW: torch::optim-style C++ optimizers whose step is one fused
 // torchspeed::adam_step_ call per (param group, master/no-master bucket), on CPU or CUDA, and one
-// adam_lowbit_step_ call per low-bit moment format (state_dtype "bf16" / "int8", CPU for now).
+// adam_lowbit_step_ call per low-bit moment format (state_dtype "bf16" / "int8"; the CUDA kernel is
+// not yet run on a GPU).
 //
 //   #include <torchspeed/optim.h>
 //   torchspeed::optim::AdamW opt(model->parameters(),
@@ -8,7 +9,7 @@
 //   loss.backward();
 //   opt.step();
 //   opt.zero_grad();
-//   // int8 moments (about 2 bytes per param instead of 8), CPU params:
+//   // int8 moments (about 2 bytes per param instead of 8):
 //   torchspeed::optim::AdamW small(model->parameters(),
 //                                  torchspeed::optim::AdamWOptions(1e-3).state_dtype("int8"));
 #pragma once
@@ -33,7 +34,7 @@
   TORCHSPEED_FUSED_OPTIONS_TAIL(X)
 
 /// The moments' storage, as torchspeed.optim.Adam's keyword arguments (docs/OPTIM.md, "Low-bit
-/// optimizer state"; CPU kernels for now):
+/// optimizer state"; CPU kernels, and a CUDA kernel not yet run on a GPU):
 ///   state_dtype       "fp32" (torch's float32 moments), "bf16" (bfloat16 moments, stochastic
 ///                     rounding) or "int8" (int8/uint8 codes, one float32 absmax per block);
 ///                     not with amsgrad

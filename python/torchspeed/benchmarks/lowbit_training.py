@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from typing import Dict, List, Optional, Sequence
 
@@ -87,6 +88,11 @@ def _torch_state_bytes(opt) -> int:
     )
 
 
+def _finite(x: Optional[float]) -> Optional[float]:
+    """x, or None (JSON null) for a NaN or inf: a diverged run stays standard JSON."""
+    return x if x is not None and math.isfinite(x) else None
+
+
 def _final(losses: Sequence[float]) -> float:
     tail = losses[-max(1, len(losses) // 10) :]
     return sum(tail) / len(tail)
@@ -132,11 +138,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     steps = args.steps if args.steps is not None else (200 if args.quick else 3000)
     if steps < 10:
         ap.error(f"--steps must be >= 10, got {steps}")
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    threads = torch.get_num_threads()
     if args.threads is not None:
-        if args.threads < 1:
-            ap.error(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    width, batch = (128, 64) if args.quick else (512, 256)
+    try:
+        return _run(kinds, steps, args.quick)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(kinds: List[str], steps: int, quick: bool) -> int:
+    width, batch = (128, 64) if quick else (512, 256)
     info = machine_info("cpu")
     print(
         f"# bench_lowbit_training ({info.get('cpu_model') or '?'}, torch {torch.__version__}; "
@@ -147,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         runs[f"{kind} torch"] = train(kind, None, steps, width, batch)
         for sd in STATE_DTYPES:
             runs[f"{kind} torchspeed {sd}"] = train(kind, sd, steps, width, batch)
-    print(f"{'run':<28} {'first loss':>11} {'final loss':>11} {'vs fp32':>9} {'state B/param':>14}")
+    print(f"{'run':<28} {'first loss':>11} {'final loss':>11} {'vs ref':>9} {'state B/param':>14}")
     rows = []
     for name, r in runs.items():
         if not r:
@@ -155,19 +169,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         kind = name.split(" ")[0]
         ref_run = runs.get(f"{kind} torch") or runs.get(f"{kind} torchspeed fp32")
         final, ref = _final(r["losses"]), _final(ref_run["losses"])
-        rel = final / ref - 1.0 if ref > 0 else float("nan")
+        rel = final / ref - 1.0 if ref > 0 else None  # None: no finite reference (JSON null)
         rows.append(
             {
                 "run": name,
-                "first_loss": r["losses"][0],
-                "final_loss": final,
-                "vs_reference": rel,
+                "first_loss": _finite(r["losses"][0]),
+                "final_loss": _finite(final),
+                "vs_reference": _finite(rel),
                 "state_bytes_per_param": r["state_bytes_per_param"],
             }
         )
         print(
-            f"{name:<28} {r['losses'][0]:>11.4g} {final:>11.4g} {100 * rel:>+8.2f}% "
-            f"{r['state_bytes_per_param']:>14.2f}"
+            f"{name:<28} {r['losses'][0]:>11.4g} {final:>11.4g} "
+            + (f"{100 * rel:>+8.2f}% " if rel is not None else f"{'-':>9} ")
+            + f"{r['state_bytes_per_param']:>14.2f}"
         )
     out = results_dir()
     os.makedirs(out, exist_ok=True)
@@ -178,7 +193,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "width": width,
         "batch": batch,
         "rows": rows,
-        "curves": {k: v.get("losses") for k, v in runs.items() if v},
+        "curves": {k: [_finite(x) for x in v["losses"]] for k, v in runs.items() if v},
     }
     with open(path, "w", encoding="utf-8") as f:
         json.dump(rec, f)

@@ -277,7 +277,20 @@ def _model_input(x: torch.Tensor, prepare, channels_last: bool) -> torch.Tensor:
 def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()) -> RunResult:
     """kind: "baseline" (idiomatic PyTorch), "torchspeed", or "doctor_fixes" (torchspeed plus the
     doctor's torch-level advice: channels_last, cudnn.benchmark on CUDA, and bf16 autocast on a
-    CPU when the doctor's "amp" rule fired on the baseline, listed in ``advice_rules``)."""
+    CPU when the doctor's "amp" rule fired on the baseline, torch.set_num_threads when its
+    "cpu_threads" rule did, listed in ``advice_rules``)."""
+    # The doctor's fixes change process-wide settings (torch's threads, cudnn.benchmark): put
+    # them back after the run, also when it raises.
+    threads, benchmark = torch.get_num_threads(), torch.backends.cudnn.benchmark
+    try:
+        return _run(kind, cfg, manifest, advice_rules)
+    finally:
+        torch.set_num_threads(threads)
+        if torch.backends.cudnn.benchmark != benchmark:
+            set_cudnn_benchmark(benchmark)
+
+
+def _run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str]) -> RunResult:
     labels = {
         "baseline": "PyTorch (DataLoader+PIL, torch AdamW)",
         "torchspeed": "torchspeed (native loader, fused AdamW)",
@@ -290,8 +303,6 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
     notes: List[str] = []
     torch.manual_seed(cfg.seed)
     model = SmallResNet(len(manifest["classes"]), cfg.width).to(device)
-    prev_benchmark = None  # cudnn.benchmark before this run, when the run changed it
-    prev_threads = None  # torch's intra-op threads before this run, when the run changed them
     if fixes:
         # What the doctor advised for the baseline run, each measured on this machine first on
         # the CPU (profile/probe.py); `torchspeed doctor --verify` checks the same fixes.
@@ -301,7 +312,7 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
         else:
             notes.append("NCHW: the doctor did not advise channels_last")
         if cuda:
-            prev_benchmark = set_cudnn_benchmark(True)
+            set_cudnn_benchmark(True)
             notes.append("cudnn.benchmark")
         if "amp" in advice_rules and cfg.amp == "off":
             cfg = dataclasses.replace(cfg, amp="fp16" if cuda else "bf16")
@@ -310,7 +321,6 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
             notes.append("float32: the doctor does not advise bf16 autocast on this CPU")
         if "cpu_threads" in advice_rules and not cuda:
             # As the doctor's advice says: leave the loader's decode threads a core each.
-            prev_threads = torch.get_num_threads()
             n = max(1, cpu_count() - cfg.workers)
             torch.set_num_threads(n)
             notes.append(f"torch.set_num_threads({n}) (the doctor's cpu_threads advice)")
@@ -417,10 +427,6 @@ def run(kind: str, cfg: Config, manifest: dict, advice_rules: Sequence[str] = ()
     eval_s = time.perf_counter() - t1
     _close(dl)
     _close(vdl)
-    if prev_benchmark is not None:
-        set_cudnn_benchmark(prev_benchmark)
-    if prev_threads is not None:
-        torch.set_num_threads(prev_threads)
     return RunResult(
         name=kind,
         label=labels[kind],

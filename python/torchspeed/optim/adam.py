@@ -16,7 +16,8 @@ class Adam(_lowbit.LowbitMoments, FusedOptimizer):
     max_grad_norm and ema_decay (see FusedOptimizer). foreach/fused/capturable are accepted and
     ignored: the step is always fused, and on CUDA always capturable (lr and step on the device).
 
-    Low-bit state (keyword-only, per group; CPU kernels for now, docs/OPTIM.md):
+    Low-bit state (keyword-only, per group; CPU kernels and a CUDA kernel not yet run on a GPU,
+    docs/OPTIM.md):
         state_dtype: "fp32" (default: float32 moments, torch.optim's state), "bf16" (bfloat16
             moments written back with stochastic rounding: 4 bytes per param instead of 8) or
             "int8" (blockwise int8/uint8 codes with one float32 absmax per block: about 2.03

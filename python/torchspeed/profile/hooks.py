@@ -128,6 +128,7 @@ class TorchHooks:
         self.loaders = _WeakSet()
         # The most loader workers seen at once: the loaders may be gone when the rules run.
         self.loader_workers = 0
+        self.train_forwards = 0  # outermost forwards in train mode with grad (micro-batches)
         self.autocast_used = False
         self.shapes: Dict[int, set] = {}
         self.input_specs: Dict[int, list] = {}
@@ -218,6 +219,8 @@ class TorchHooks:
     def _root_enter(self, module: nn.Module, args: tuple) -> None:
         self._candidate(at_forward=True)
         self.models.add(module)
+        if module.training and torch.is_grad_enabled():
+            self.train_forwards += 1
         if self.opt_depth > 0:
             self.closure_forwards += 1
         if not module.training and torch.is_grad_enabled():
@@ -590,12 +593,14 @@ class TorchHooks:
         return self._probes
 
     def saw_loader(self, loader: Any) -> None:
-        """Records a loader (weakly) and the most workers the live loaders had at once."""
+        """Records a loader (weakly) and the most workers a loader of the run had. The largest,
+        not the sum: a torchspeed DataLoader over torch's is seen twice (the wrapper and the
+        loader inside), and a validation loader does not run beside the training one."""
         from .facts import _loaders
 
         self.loaders.add(loader)
-        live = _loaders(RunFacts(loaders=self.loaders.items()))
-        workers = sum(max(int(x.num_workers or 0), 0) for x in live)
+        live = _loaders(RunFacts(loaders=[loader]))
+        workers = max((max(int(x.num_workers or 0), 0) for x in live), default=0)
         self.loader_workers = max(self.loader_workers, workers)
 
     def facts(self) -> RunFacts:
@@ -648,6 +653,7 @@ class TorchHooks:
             host_s_per_module_call=per_call,
             step_source=self.step_source or ("manual" if self.prof.step_on is None else ""),
             closure_forwards_per_step=self.closure_forwards / max(self.steps_seen, 1),
+            train_forwards_per_step=self.train_forwards / max(self.steps_seen, 1),
             attribution=self._attribution(models),
             probes=dict(self._probe(models, device_type)) if self.probe else {},
             torch_threads=torch.get_num_threads(),

@@ -427,9 +427,11 @@ def _amp(summary: Any, facts: Any) -> List[Finding]:
 
 
 def _loader_workers(facts: Any) -> int:
-    """Workers of the loaders seen (C++ decode threads or worker processes), 0 when unknown:
-    the live loaders', or the most the run had at once (its loaders may be gone by now)."""
-    live = sum(max(int(info.num_workers or 0), 0) for info in _loaders(facts))
+    """Workers (C++ decode threads or worker processes) of the largest loader seen, 0 when
+    unknown: the live loaders', or the run's record (its loaders may be gone by now). The
+    largest, not the sum: one loader feeds the step (a wrapper and the torch loader inside it,
+    or a validation loader, do not add cores)."""
+    live = max((max(int(info.num_workers or 0), 0) for info in _loaders(facts)), default=0)
     return max(live, int(_num(getattr(facts, "loader_workers", 0))))
 
 
@@ -453,6 +455,10 @@ def _cpu_threads(summary: Any, facts: Any) -> List[Finding]:
     share, t = _compute(summary)
     if n is None or one is None or share < AMP_MIN_COMPUTE_SHARE or t < MIN_PHASE_S:
         return []
+    if len(_models(facts)) > 1:
+        return []  # the probe timed one model (a GAN's two, say, are not one forward+backward)
+    # The probe times one forward+backward; a step of k micro-batches runs k of them.
+    one *= max(1, round(_num(getattr(facts, "train_forwards_per_step", 1.0))))
     basis = "float32"
     if getattr(facts, "autocast_used", False):
         ratio = _probe(facts, "bf16")
@@ -465,13 +471,16 @@ def _cpu_threads(summary: Any, facts: Any) -> List[Finding]:
     threads, workers = int(_num(facts.torch_threads)), _loader_workers(facts)
     _, cores = _load()
     title = (
-        f"{threads} torch threads and {workers} loader workers share {cores} cores: "
-        f"forward+backward ({_ms(t)}, {_pct(share)} of the step) wait on preempted threads"
+        f"{threads} torch threads and {workers} loader workers on {cores} cores: oversubscribed "
+        f"(forward+backward {_ms(t)}, {_pct(share)} of the step)"
     )
-    fix = (
-        f"torch.set_num_threads({n}) at the start of the script (or OMP_NUM_THREADS={n}), so "
-        "the loader's workers keep their own cores"
+    keep = (
+        "so the loader's workers keep their own cores"
+        if cores - workers >= 1
+        else "the fewest: the workers alone fill the cores, so torch's threads and theirs "
+        "preempt each other less"
     )
+    fix = f"torch.set_num_threads({n}) at the start of the script (or OMP_NUM_THREADS={n}), {keep}"
     detail = (
         "Each parallel op ends in a barrier: a loader worker that takes a core from one of "
         "torch's threads stalls the others. Estimate: forward+backward of a copy of the model "

@@ -180,6 +180,8 @@ class RunFacts:
     step_source: str = ""
     #: Forwards of the model inside optimizer steps, per step (an LBFGS closure: > 1).
     closure_forwards_per_step: float = 0.0
+    #: Outermost forwards in train mode with grad per step (micro-batches: k with accumulation).
+    train_forwards_per_step: float = 0.0
     #: The modules and operators that took the most time in the sampled steps (Attribution).
     attribution: Optional[Any] = None
     #: Measured on this machine after the run (probe.py; CPU only, {} when not measured):
@@ -190,7 +192,7 @@ class RunFacts:
     probes: Dict[str, float] = field(default_factory=dict)
     #: torch's intra-op threads (torch.get_num_threads()) when the facts were taken; 0 = unknown.
     torch_threads: int = 0
-    #: The most loader workers (C++ decode threads or worker processes) alive at once in the run.
+    #: The most workers (C++ decode threads or worker processes) of one loader seen in the run.
     loader_workers: int = 0
 
 

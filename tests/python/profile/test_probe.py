@@ -84,6 +84,15 @@ def test_cpu_threads_fires_when_threads_and_loader_workers_exceed_the_cores(monk
     # With autocast in the run, the one-thread time is the bf16 one.
     f = _by_rule(advise(s, facts(autocast_used=True, probes={"fp32_s": 0.05, "bf16": 0.5})))
     assert f["cpu_threads"].est_gain_s == pytest.approx(0.080 - 0.025, rel=REL)
+    # 2 workers on 2 cores: 1 thread is the fewest, and the fix says so.
+    assert "the workers alone fill the cores" in f["cpu_threads"].fix
+    # A step of 4 micro-batches runs 4 forward+backward: one thread would not be faster.
+    assert "cpu_threads" not in _by_rule(advise(s, facts(train_forwards_per_step=4.0)))
+    # Two models (a GAN): the probe timed one of them, no estimate.
+    assert "cpu_threads" not in _by_rule(advise(s, facts(models=[_convnet(), _convnet()])))
+    # A torchspeed loader over torch's is seen twice (wrapper and inner): the largest, not the sum.
+    two = [loader, torch.utils.data.DataLoader(list(range(8)), num_workers=2)]
+    assert rules._loader_workers(facts(loaders=two)) == 2
     # The run's loaders are gone by the time the rules run: the most workers the run saw.
     assert "cpu_threads" in _by_rule(advise(s, facts(loaders=[], loader_workers=2)))
     for quiet in (
