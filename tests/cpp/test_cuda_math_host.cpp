@@ -393,7 +393,9 @@ struct LowbitCase {
 };
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // An empty vector's data() may be null, which memcmp must not get (even for 0 bytes).
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 /// flags: bit 0 weight decay, 1 decoupled, 2 maximize, 3 mask, 4 EMA, 5 master, 6 AMP scale and
