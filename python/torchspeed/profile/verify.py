@@ -296,8 +296,13 @@ def _fixes(findings: List[Finding], facts: Any) -> List[tuple]:
         name += "" if advised else " (below the threshold)"
         out.append((name, "optimizer", lambda: torchspeed_optimizer(fold_clip=fold), advised))
     if "data_wait" in rules or "num_workers_zero" in rules:
-        n = max(1, min(4, (os.cpu_count() or 2) - 1))
-        out.append((f"{n} loader workers", "data_wait", lambda: more_workers(n), True))
+        # more_workers changes only loaders made with num_workers=0: no trial when none was seen
+        # (a loader that has workers already would run unchanged under a misleading name).
+        from .facts import _loaders
+
+        if any(info.num_workers == 0 for info in _loaders(facts)) or "num_workers_zero" in rules:
+            n = max(1, min(4, (os.cpu_count() or 2) - 1))
+            out.append((f"{n} loader workers", "data_wait", lambda: more_workers(n), True))
         out.append(("headspace (data in memory)", "headspace", headspace, True))
     return out
 

@@ -226,3 +226,17 @@ def test_rounds_take_the_median_gain_against_the_runs_around_each_round(monkeypa
         next(seq)  # 1 + 3 rounds x 1 fix + 2 runs between/after = 7 runs
     text = verify.format_rows(list(rows.values()), 5, rounds=3)
     assert "3 rounds" in text
+
+
+def test_no_more_workers_trial_for_a_loader_that_has_workers():
+    """more_workers changes only num_workers=0 loaders: a data_wait finding on a loader with
+    workers gets the headspace run, not a no-op trial named "N loader workers"."""
+    from torchspeed.profile.summary import Finding, RunFacts
+
+    found = [Finding("data_wait", "warning", "t", "f")]
+    with_workers = RunFacts(loaders=[torch.utils.data.DataLoader([0, 1], num_workers=2)])
+    names = [t[0] for t in verify._fixes(found, with_workers)]
+    assert names == ["headspace (data in memory)"], names
+    without = RunFacts(loaders=[torch.utils.data.DataLoader([0, 1])])
+    names = [t[0] for t in verify._fixes(found, without)]
+    assert any(n.endswith("loader workers") for n in names) and names[-1].startswith("headspace")
