@@ -44,6 +44,7 @@ set(TORCHSPEED_OPTIM_TEST_SOURCES
   "${_ts_root}/tests/cpp/optim/test_ops_grad_stats.cpp"
   "${_ts_root}/tests/cpp/optim/test_optim_cpp_api.cpp"
   "${_ts_root}/tests/cpp/optim/test_optim_cpp_lowbit.cpp"
+  "${_ts_root}/tests/cpp/optim/test_optim_cpp_lowbit_one_moment.cpp"
   "${_ts_root}/tests/cpp/optim/test_optim_cpp_parity.cpp"
   "${_ts_root}/tests/cpp/optim/test_optim_lr_scheduler.cpp"
 )

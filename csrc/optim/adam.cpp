@@ -59,7 +59,7 @@ at::Tensor adam_family_step(Optimizer& self, const char* name,
                 } else if (!s.exp_avg().defined() || !s.exp_avg_sq().defined() ||
                            (format == MomentFormat::kInt8 &&
                             (!s.exp_avg_absmax().defined() || !s.exp_avg_sq_absmax().defined()))) {
-                  set_moments(s, p, format, o.state_block(), at::Tensor(), at::Tensor());
+                  set_moments(s, p, format, o.state_block());
                 }
               });
           const MomentFormat format = stored_format(s);

@@ -155,7 +155,7 @@ struct BucketLists {
     grads.push_back(p.grad());
     if (master) masters.push_back(s.master());
     if (ema) emas.push_back(s.ema());
-    if constexpr (!std::is_same_v<State, SGDParamState>) steps.push_back(s.step());
+    if (s.step().defined()) steps.push_back(s.step());  // SGD: only beside a low-bit buffer
   }
 };
 

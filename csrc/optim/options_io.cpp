@@ -87,12 +87,6 @@ Options fresh_options(const Options&) {
 }
 SGDOptions fresh_options(const SGDOptions& user) { return SGDOptions(user.lr()); }
 
-// Which state classes keep low-bit moments (bfloat16, int8/uint8 codes) as they are on load.
-template <class State>
-constexpr bool kHasLowbitMoments = false;
-template <>
-constexpr bool kHasLowbitMoments<AdamParamState> = true;
-
 bool is_lowbit_dtype(at::ScalarType t) {
   return t == at::kBFloat16 || t == at::kChar || t == at::kByte;
 }
@@ -259,9 +253,36 @@ const char* format_name(MomentFormat format) {
   return kNames[static_cast<int>(format)];
 }
 
-MomentFormat stored_format(const AdamParamState& s) {
-  if (!s.exp_avg().defined()) return MomentFormat::kNone;
-  switch (s.exp_avg().scalar_type()) {
+namespace {
+
+// One low-bit moment of a state (Python's `_lowbit_moments` entry): its codes (or float32 /
+// bfloat16 values), its absmax, the keys of both, and whether its map is signed.
+struct Moment {
+  const char* key;
+  const char* absmax_key;
+  at::Tensor& values;
+  at::Tensor& absmax;
+  bool is_signed;
+};
+std::vector<Moment> moments_of(AdamParamState& s) {
+  return {{"exp_avg", "exp_avg_absmax", s.exp_avg(), s.exp_avg_absmax(), true},
+          {"exp_avg_sq", "exp_avg_sq_absmax", s.exp_avg_sq(), s.exp_avg_sq_absmax(), false}};
+}
+std::vector<Moment> moments_of(LionParamState& s) {
+  return {{"exp_avg", "exp_avg_absmax", s.exp_avg(), s.exp_avg_absmax(), true}};
+}
+std::vector<Moment> moments_of(SGDParamState& s) {
+  return {{"momentum_buffer", "momentum_buffer_absmax", s.momentum_buffer(),
+           s.momentum_buffer_absmax(), true}};
+}
+
+}  // namespace
+
+template <class State>
+MomentFormat stored_format(const State& s) {
+  const at::Tensor& first = moments_of(const_cast<State&>(s))[0].values;
+  if (!first.defined()) return MomentFormat::kNone;
+  switch (first.scalar_type()) {
     case at::kBFloat16:
       return MomentFormat::kBf16;
     case at::kChar:
@@ -272,52 +293,52 @@ MomentFormat stored_format(const AdamParamState& s) {
   }
 }
 
-void set_moments(AdamParamState& s, const at::Tensor& p, MomentFormat format, int64_t state_block,
-                 const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
-  const at::Tensor m = exp_avg.defined() ? exp_avg : zeros_like_param(p);
-  const at::Tensor v = exp_avg_sq.defined() ? exp_avg_sq : zeros_like_param(p);
-  s.exp_avg_absmax(at::Tensor());
-  s.exp_avg_sq_absmax(at::Tensor());
-  if (format == MomentFormat::kFp32) {
-    s.exp_avg(m);
-    s.exp_avg_sq(v);
-  } else if (format == MomentFormat::kBf16) {
-    s.exp_avg(m.to(at::kBFloat16));
-    s.exp_avg_sq(v.to(at::kBFloat16));
-  } else {
-    TORCH_INTERNAL_ASSERT(format == MomentFormat::kInt8, "no moment format to set");
-    // The step's own quantizer over the param's memory order (Python's _lowbit.to_format).
-    LowbitEncodeArgs e;
-    e.state_block = state_block;
-    e.values = flat_in_memory_order(m).contiguous();
-    e.is_signed = true;
-    const auto [m_codes, m_absmax] = lowbit_encode(e);
-    e.values = flat_in_memory_order(v).contiguous();
-    e.is_signed = false;
-    const auto [v_codes, v_absmax] = lowbit_encode(e);
-    s.exp_avg(laid_out_from_flat(m_codes, p, at::kChar));
-    s.exp_avg_sq(laid_out_from_flat(v_codes, p, at::kByte));
-    s.exp_avg_absmax(m_absmax.to(p.device()));
-    s.exp_avg_sq_absmax(v_absmax.to(p.device()));
+template <class State>
+void set_moments(State& s, const at::Tensor& p, MomentFormat format, int64_t state_block,
+                 const std::vector<at::Tensor>& values) {
+  const std::vector<Moment> moments = moments_of(s);
+  TORCH_INTERNAL_ASSERT(values.empty() || values.size() == moments.size());
+  for (size_t k = 0; k < moments.size(); ++k) {
+    const Moment& m = moments[k];
+    const at::Tensor v = values.empty() ? zeros_like_param(p) : values[k];
+    m.absmax = at::Tensor();
+    if (format == MomentFormat::kFp32) {
+      m.values = v;
+    } else if (format == MomentFormat::kBf16) {
+      m.values = v.to(at::kBFloat16);
+    } else {
+      TORCH_INTERNAL_ASSERT(format == MomentFormat::kInt8, "no moment format to set");
+      // The step's own quantizer over the param's memory order (Python's _lowbit.to_format).
+      LowbitEncodeArgs e;
+      e.state_block = state_block;
+      e.values = flat_in_memory_order(v).contiguous();
+      e.is_signed = m.is_signed;
+      const auto [codes, absmax] = lowbit_encode(e);
+      m.values = laid_out_from_flat(codes, p, m.is_signed ? at::kChar : at::kByte);
+      m.absmax = absmax.to(p.device());
+    }
   }
 }
 
 namespace {
 
-// An int8 state as Python's Adam._check_int8_state: codes of the param's numel, one finite
-// absmax >= 0 per block of the group's state_block.
-void check_int8_state(const char* optimizer, const std::string& where, const AdamParamState& s,
-                      const at::Tensor& p, int64_t state_block) {
+// An int8 state as Python's LowbitMoments._check_int8_state: codes of the param's numel, one
+// finite absmax >= 0 per block of the group's state_block.
+void check_int8_state(const char* optimizer, const std::string& where,
+                      const std::vector<Moment>& moments, const at::Tensor& p,
+                      int64_t state_block) {
   const int64_t blocks = (p.numel() + state_block - 1) / state_block;
-  const struct {
+  struct Want {
     const char* key;
     const at::Tensor& t;
     at::ScalarType dtype;
     int64_t numel;
-  } wants[] = {{"exp_avg", s.exp_avg(), at::kChar, p.numel()},
-               {"exp_avg_sq", s.exp_avg_sq(), at::kByte, p.numel()},
-               {"exp_avg_absmax", s.exp_avg_absmax(), at::kFloat, blocks},
-               {"exp_avg_sq_absmax", s.exp_avg_sq_absmax(), at::kFloat, blocks}};
+  };
+  std::vector<Want> wants;
+  for (const Moment& m : moments) {
+    wants.push_back({m.key, m.values, m.is_signed ? at::kChar : at::kByte, p.numel()});
+  }
+  for (const Moment& m : moments) wants.push_back({m.absmax_key, m.absmax, at::kFloat, blocks});
   for (const auto& w : wants) {
     TORCH_CHECK_VALUE(
         w.t.defined() && w.t.scalar_type() == w.dtype && w.t.numel() == w.numel,
@@ -326,7 +347,8 @@ void check_int8_state(const char* optimizer, const std::string& where, const Ada
         w.t.defined() ? c10::str(w.t.scalar_type(), " with ", w.t.numel(), " elements")
                       : std::string("None"));
   }
-  for (const auto& w : {wants[2], wants[3]}) {
+  for (size_t k = moments.size(); k < wants.size(); ++k) {
+    const Want& w = wants[k];
     const bool ok =
         w.t.numel() == 0 || (at::isfinite(w.t).all().item<bool>() && !(w.t < 0).any().item<bool>());
     TORCH_CHECK_VALUE(ok, "torchspeed.optim.", optimizer, ": ", where, ".", w.key,
@@ -348,27 +370,48 @@ at::Tensor moment_fp32(const at::Tensor& codes, const at::Tensor& absmax, const 
 
 }  // namespace
 
-void load_in_format(const char* optimizer, const std::string& where, AdamParamState& s,
-                    const at::Tensor& p, MomentFormat format, int64_t state_block) {
+template <class State>
+void load_in_format(const char* optimizer, const std::string& where, State& s, const at::Tensor& p,
+                    MomentFormat format, int64_t state_block) {
+  const std::vector<Moment> moments = moments_of(s);
   const auto is_codes = [](const at::Tensor& t) {
     return t.defined() && (t.scalar_type() == at::kChar || t.scalar_type() == at::kByte);
   };
-  if (s.exp_avg_absmax().defined() || s.exp_avg_sq_absmax().defined() || is_codes(s.exp_avg()) ||
-      is_codes(s.exp_avg_sq())) {
-    check_int8_state(optimizer, where, s, p, state_block);
-  } else if (s.exp_avg().defined() && s.exp_avg_sq().defined()) {
-    TORCH_CHECK_VALUE(s.exp_avg().scalar_type() == s.exp_avg_sq().scalar_type(),
-                      "torchspeed.optim.", optimizer, ": ", where,
-                      ": exp_avg and exp_avg_sq must have one format, got ",
-                      s.exp_avg().scalar_type(), " and ", s.exp_avg_sq().scalar_type());
+  bool int8 = false, all_defined = true;
+  for (const Moment& m : moments) {
+    int8 = int8 || m.absmax.defined() || is_codes(m.values);
+    all_defined = all_defined && m.values.defined();
+  }
+  if (int8) {
+    check_int8_state(optimizer, where, moments, p, state_block);
+  } else if (all_defined) {
+    for (const Moment& m : moments) {
+      TORCH_CHECK_VALUE(m.values.scalar_type() == moments[0].values.scalar_type(),
+                        "torchspeed.optim.", optimizer, ": ", where, ": ", moments[0].key, " and ",
+                        m.key, " must have one format, got ", moments[0].values.scalar_type(),
+                        " and ", m.values.scalar_type());
+    }
   }
   // Missing moments are created by the next step, in the group's format.
-  if (!s.exp_avg().defined() || !s.exp_avg_sq().defined()) return;
+  if (format == MomentFormat::kNone || !all_defined) return;
   if (stored_format(s) == format) return;
-  const at::Tensor m = moment_fp32(s.exp_avg(), s.exp_avg_absmax(), p, state_block);
-  const at::Tensor v = moment_fp32(s.exp_avg_sq(), s.exp_avg_sq_absmax(), p, state_block);
-  set_moments(s, p, format, state_block, m, v);
+  std::vector<at::Tensor> values;
+  for (const Moment& m : moments) {
+    values.push_back(moment_fp32(m.values, m.absmax, p, state_block));
+  }
+  set_moments(s, p, format, state_block, values);
 }
+
+#define TORCHSPEED_INSTANTIATE_LOWBIT(State)                                               \
+  template MomentFormat stored_format(const State&);                                       \
+  template void set_moments(State&, const at::Tensor&, MomentFormat, int64_t,              \
+                            const std::vector<at::Tensor>&);                               \
+  template void load_in_format(const char*, const std::string&, State&, const at::Tensor&, \
+                               MomentFormat, int64_t);
+TORCHSPEED_INSTANTIATE_LOWBIT(AdamParamState)
+TORCHSPEED_INSTANTIATE_LOWBIT(LionParamState)
+TORCHSPEED_INSTANTIATE_LOWBIT(SGDParamState)
+#undef TORCHSPEED_INSTANTIATE_LOWBIT
 
 }  // namespace detail
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "torchspeed/ops/optim.h"
 #include "torchspeed/optim/adam.h"
@@ -56,7 +57,7 @@ at::Tensor zeros_like_param(const at::Tensor& p);
 at::Tensor zero_step(const at::Tensor& p);
 std::string group_prefix(size_t g);
 
-// ---- low-bit moments (Adam, AdamW: state_dtype, min_lowbit_numel, state_block) ----------------
+// ---- low-bit moments (Adam, AdamW, Lion, SGD: state_dtype, min_lowbit_numel, state_block) -----
 
 // The state options through their one validator, torchspeed::lowbit_state_format (its message,
 // prefixed by the optimizer and `where`, as Python words it), then: amsgrad needs "fp32".
@@ -77,50 +78,75 @@ MomentFormat moment_format(const Options& o, const at::Tensor& p) {
                                                         o.min_lowbit_numel(), o.state_block()));
 }
 
-// The format of a state's stored moments, by exp_avg's dtype (kNone when it has none yet).
-MomentFormat stored_format(const AdamParamState& s);
+// The state classes with low-bit moments, each as Python's `_lowbit_moments`: its moments in the
+// op's order (Adam: exp_avg, exp_avg_sq; Lion: exp_avg; SGD: momentum_buffer), each with its
+// absmax and whether its map is signed. The first one's dtype is the stored format.
+template <class State>
+constexpr bool kHasLowbitMoments = false;
+template <>
+inline constexpr bool kHasLowbitMoments<AdamParamState> = true;
+template <>
+inline constexpr bool kHasLowbitMoments<LionParamState> = true;
+template <>
+inline constexpr bool kHasLowbitMoments<SGDParamState> = true;
+
+// The format of a state's stored moments, by its first moment's dtype (kNone when it has none
+// yet).
+template <class State>
+MomentFormat stored_format(const State& s);
 
 // Sets s's moments (and, for int8, their absmaxes) in `format`, from float32 moments laid out
-// like `p` (undefined: zeros), encoded as the step encodes (lowbit_encode, bf16 rounds to nearest).
-void set_moments(AdamParamState& s, const at::Tensor& p, MomentFormat format, int64_t state_block,
-                 const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
+// like `p` (in the moments' order; an empty list: zeros), encoded as the step encodes
+// (lowbit_encode, bf16 rounds to nearest).
+template <class State>
+void set_moments(State& s, const at::Tensor& p, MomentFormat format, int64_t state_block,
+                 const std::vector<at::Tensor>& values = {});
 
 // A loaded state (already placed on the param's device) checked as Python checks it (an int8
 // state's code dtypes and sizes, ceil(numel / state_block) finite absmaxes >= 0; one format for
-// both moments) and converted to `format`, the param's format in its group.
-void load_in_format(const char* optimizer, const std::string& where, AdamParamState& s,
-                    const at::Tensor& p, MomentFormat format, int64_t state_block);
+// all moments) and, when `format` is not kNone, converted to it: the param's format in its group.
+template <class State>
+void load_in_format(const char* optimizer, const std::string& where, State& s, const at::Tensor& p,
+                    MomentFormat format, int64_t state_block);
+
+// Whether an options class has the low-bit state options.
+template <class Options>
+constexpr bool kHasStateOptions =
+    std::is_same_v<Options, AdamOptions> || std::is_same_v<Options, AdamWOptions> ||
+    std::is_same_v<Options, LionOptions> || std::is_same_v<Options, SGDOptions>;
 
 // A load never changes an optimizer's state options (state_dtype, min_lowbit_numel, state_block),
 // as Python's `_kept_on_load`: the loaded moments are converted to them instead. Restores them
 // from the group's options before the load.
 template <class Options>
-void keep_on_load(Options&, const Options&) {}
-template <class Options>
-void keep_state_options(Options& loaded, const Options& own) {
-  loaded.state_dtype(own.state_dtype());
-  loaded.min_lowbit_numel(own.min_lowbit_numel());
-  loaded.state_block(own.state_block());
-}
-inline void keep_on_load(AdamOptions& loaded, const AdamOptions& own) {
-  keep_state_options(loaded, own);
-}
-inline void keep_on_load(AdamWOptions& loaded, const AdamWOptions& own) {
-  keep_state_options(loaded, own);
+void keep_on_load(Options& loaded, const Options& own) {
+  if constexpr (kHasStateOptions<Options>) {
+    loaded.state_dtype(own.state_dtype());
+    loaded.min_lowbit_numel(own.min_lowbit_numel());
+    loaded.state_block(own.state_block());
+  }
 }
 
-// The load-time format hook of load_checked: only Adam's and AdamW's state has low-bit moments.
+// The load-time format hook of load_checked, as Python's LowbitMoments._load_state: the state
+// checked, then its moments converted to the group's format when the group has moments (SGD:
+// momentum != 0); SGD keeps `step` only beside a low-bit buffer (SGD._load_state).
 template <class State, class Options>
-void load_in_group_format(const char*, const std::string&, State&, const at::Tensor&,
-                          const Options&) {}
-template <class Options>
-void load_in_group_format(const char* optimizer, const std::string& where, AdamParamState& s,
+void load_in_group_format(const char* optimizer, const std::string& where, State& s,
                           const at::Tensor& p, const Options& o) {
-  load_in_format(optimizer, where, s, p, moment_format(o, p), o.state_block());
+  if constexpr (kHasLowbitMoments<State>) {
+    bool active = true;
+    if constexpr (std::is_same_v<State, SGDParamState>) active = o.momentum() != 0;
+    load_in_format(optimizer, where, s, p, active ? moment_format(o, p) : MomentFormat::kNone,
+                   o.state_block());
+    if constexpr (std::is_same_v<State, SGDParamState>) {
+      const MomentFormat stored = stored_format(s);
+      if (stored == MomentFormat::kFp32 || stored == MomentFormat::kNone) s.step(at::Tensor());
+    }
+  }
 }
 
 // Every field, then the cross-field rules: SGD's (as torch, the defaults need momentum for
-// nesterov; in a group without momentum it is plain SGD) and Adam's state options.
+// nesterov; in a group without momentum it is plain SGD) and the state options (amsgrad: Adam's).
 template <class Options>
 void check_all_options(const char* name, const std::string& where, const Options& o,
                        bool at_step = false) {
@@ -132,6 +158,9 @@ void check_all_options(const char* name, const std::string& where, const Options
   if constexpr (std::is_same_v<Options, AdamOptions> || std::is_same_v<Options, AdamWOptions>) {
     check_state_options(name, where, o.state_dtype(), o.min_lowbit_numel(), o.state_block(),
                         o.amsgrad());
+  } else if constexpr (kHasStateOptions<Options>) {
+    check_state_options(name, where, o.state_dtype(), o.min_lowbit_numel(), o.state_block(),
+                        /*amsgrad=*/false);
   }
 }
 

@@ -1,11 +1,21 @@
-// torchspeed::optim::SGD (torchspeed/optim/sgd.h): the step builder of sgd_step_ (fresh and old
-// momentum buffers in separate calls).
+// torchspeed::optim::SGD (torchspeed/optim/sgd.h): the step builder of sgd_step_ (float32 momentum
+// buffers, or none) and sgd_lowbit_step_ (state_dtype "bf16" / "int8"; fresh and old buffers in
+// separate calls).
+#include <array>
+#include <utility>
+
 #include "optim/fused_step_builder.h"
 
 namespace torchspeed::optim {
 namespace {
 
 using namespace detail;  // NOLINT(google-build-using-namespace): the step builder's vocabulary
+
+// The lists of one op call: the common ones and the buffers of one format.
+struct FormatLists {
+  BucketLists lists;
+  std::vector<at::Tensor> buffers, absmaxes;
+};
 
 bool has_buffer(const Optimizer& self, const at::Tensor& p) {
   auto it = self.state().find(p.unsafeGetTensorImpl());
@@ -33,37 +43,75 @@ at::Tensor sgd_step(Optimizer& self, const Optimizer::LossClosure& closure,
         }
         for (const auto& bucket : buckets) {
           const bool first_step = with_momentum && !has_buffer(self, bucket[0]);
-          BucketLists lists;
-          std::vector<at::Tensor> buffers;
+          std::array<FormatLists, 3> by_format;
           for (const auto& p : bucket) {
             const bool master = wants_master(o.master_weights(), p);
+            // As Python's SGD: a low-bit buffer (kept in its stored format, or new in the group's)
+            // comes with a float32 step; without momentum there is no buffer to make.
             auto& s = state_of<SGDParamState>(
                 self, staged, p, master, scalars.ema_decay.has_value(),
                 [&](const SGDParamState& s) {
-                  return !with_momentum || s.momentum_buffer().defined();
+                  const MomentFormat format = stored_format(s);
+                  return !with_momentum ||
+                         (s.momentum_buffer().defined() &&
+                          (format == MomentFormat::kFp32 || s.step().defined()) &&
+                          (format != MomentFormat::kInt8 || s.momentum_buffer_absmax().defined()));
                 },
                 [&](SGDParamState& s) {
-                  if (with_momentum && !s.momentum_buffer().defined()) {
-                    s.momentum_buffer(zeros_like_param(p));
+                  if (!with_momentum) return;
+                  const MomentFormat stored = stored_format(s);
+                  const MomentFormat format =
+                      stored == MomentFormat::kNone ? moment_format(o, p) : stored;
+                  if (!s.momentum_buffer().defined() ||
+                      (format == MomentFormat::kInt8 && !s.momentum_buffer_absmax().defined())) {
+                    set_moments(s, p, format, o.state_block());
                   }
+                  if (format != MomentFormat::kFp32 && !s.step().defined()) s.step(zero_step(p));
                 });
-            lists.add(p, s, master, scalars.ema_decay.has_value());
-            if (with_momentum) buffers.push_back(s.momentum_buffer());
+            // fp32 buffers (and no buffer) go to sgd_step_, bf16 and int8 ones to
+            // sgd_lowbit_step_.
+            const MomentFormat format = with_momentum ? stored_format(s) : MomentFormat::kFp32;
+            FormatLists& l = by_format[static_cast<size_t>(format)];
+            l.lists.add(p, s, master, scalars.ema_decay.has_value());
+            if (with_momentum) l.buffers.push_back(s.momentum_buffer());
+            if (format == MomentFormat::kInt8) l.absmaxes.push_back(s.momentum_buffer_absmax());
           }
           const bool nesterov = o.nesterov() && with_momentum;
-          calls.push_back([=](bool validate_only) {
-            SgdStepArgs a;
-            set_common(a, lists, scalars);
-            a.momentum_buffers = buffers;
-            a.lr = o.lr();
-            a.momentum = o.momentum();
-            a.dampening = o.dampening();
-            a.weight_decay = o.weight_decay();
-            a.nesterov = nesterov;
-            a.maximize = o.maximize();
-            a.first_step = first_step;
-            run_or_validate(a, validate_only);
-          });
+          for (size_t k = 0; k < by_format.size(); ++k) {
+            FormatLists& lists = by_format[k];
+            if (lists.lists.params.empty()) continue;
+            if (k == static_cast<size_t>(MomentFormat::kFp32)) {
+              calls.push_back([=, l = std::move(lists)](bool validate_only) {
+                SgdStepArgs a;
+                set_common(a, l.lists, scalars);
+                a.momentum_buffers = l.buffers;
+                a.lr = o.lr();
+                a.momentum = o.momentum();
+                a.dampening = o.dampening();
+                a.weight_decay = o.weight_decay();
+                a.nesterov = nesterov;
+                a.maximize = o.maximize();
+                a.first_step = first_step;
+                run_or_validate(a, validate_only);
+              });
+            } else {
+              calls.push_back([=, l = std::move(lists)](bool validate_only) {
+                SgdLowbitStepArgs a;
+                set_common(a, l.lists, scalars);
+                a.momentum_buffers = l.buffers;
+                a.momentum_buffer_absmaxes = l.absmaxes;
+                a.state_block = o.state_block();
+                a.lr = o.lr();
+                a.momentum = o.momentum();
+                a.dampening = o.dampening();
+                a.weight_decay = o.weight_decay();
+                a.nesterov = nesterov;
+                a.maximize = o.maximize();
+                a.first_step = first_step;
+                run_or_validate(a, validate_only);
+              });
+            }
+          }
         }
       });
 }

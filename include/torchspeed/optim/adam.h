@@ -21,7 +21,7 @@
 
 /// torch::optim::AdamOptions' fields and defaults, plus maximize and decoupled_weight_decay
 /// (AdamW-style decay p *= 1 - lr*wd; default false: L2 added to the grad), the low-bit state
-/// options, then the common tail.
+/// options (TORCHSPEED_LOWBIT_STATE_OPTIONS; not with amsgrad), then the common tail.
 #define TORCHSPEED_ADAM_OPTIONS(X)         \
   X(double, lr, 1e-3)                      \
   X(betas_t, betas, (betas_t{0.9, 0.999})) \
@@ -30,21 +30,8 @@
   X(bool, amsgrad, false)                  \
   X(bool, maximize, false)                 \
   X(bool, decoupled_weight_decay, false)   \
-  TORCHSPEED_ADAM_STATE_OPTIONS(X)         \
+  TORCHSPEED_LOWBIT_STATE_OPTIONS(X)       \
   TORCHSPEED_FUSED_OPTIONS_TAIL(X)
-
-/// The moments' storage, as torchspeed.optim.Adam's keyword arguments (docs/OPTIM.md, "Low-bit
-/// optimizer state"; CPU kernels, and a CUDA kernel not yet run on a GPU):
-///   state_dtype       "fp32" (torch's float32 moments), "bf16" (bfloat16 moments, stochastic
-///                     rounding) or "int8" (int8/uint8 codes, one float32 absmax per block);
-///                     not with amsgrad
-///   min_lowbit_numel  params with fewer elements keep float32 moments under "int8"
-///   state_block       elements per int8 block, a power of two in [8, 4096]
-/// All three are checked by torchspeed::lowbit_state_format, the validator Python uses too.
-#define TORCHSPEED_ADAM_STATE_OPTIONS(X) \
-  X(std::string, state_dtype, "fp32")    \
-  X(int64_t, min_lowbit_numel, 4096)     \
-  X(int64_t, state_block, 256)
 
 /// As Adam's with decoupled weight decay always on and torch::optim::AdamWOptions' default
 /// weight_decay of 1e-2.
@@ -55,7 +42,7 @@
   X(double, weight_decay, 1e-2)            \
   X(bool, amsgrad, false)                  \
   X(bool, maximize, false)                 \
-  TORCHSPEED_ADAM_STATE_OPTIONS(X)         \
+  TORCHSPEED_LOWBIT_STATE_OPTIONS(X)       \
   TORCHSPEED_FUSED_OPTIONS_TAIL(X)
 
 /// Laid out as torchspeed.optim.Adam's state in Python: float32 tensors on the param's device, in

@@ -9,7 +9,9 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -52,6 +54,19 @@ class TORCHSPEED_API FusedOptimizer : public torch::optim::Optimizer {
 };
 
 }  // namespace torchspeed::optim
+
+/// The low-bit state options of Adam, AdamW, Lion and SGD (their moments' storage), as the Python
+/// optimizers' keyword arguments (docs/OPTIM.md, "Low-bit optimizer state"; CPU kernels, and a
+/// CUDA kernel not yet run on a GPU):
+///   state_dtype       "fp32" (float32 moments), "bf16" (bfloat16 moments, stochastic rounding)
+///                     or "int8" (int8/uint8 codes, one float32 absmax per block)
+///   min_lowbit_numel  params with fewer elements keep float32 moments under "int8"
+///   state_block       elements per int8 block, a power of two in [8, 4096]
+/// All three are checked by torchspeed::lowbit_state_format, the validator Python uses too.
+#define TORCHSPEED_LOWBIT_STATE_OPTIONS(X) \
+  X(std::string, state_dtype, "fp32")      \
+  X(int64_t, min_lowbit_numel, 4096)       \
+  X(int64_t, state_block, 256)
 
 /// The options every fused optimizer has after its own (X(type, name, default) each):
 ///   master_weights  keep fp32 master copies of bfloat16/float16 params and update those

@@ -7,21 +7,29 @@
 
 #include "torchspeed/optim/fused.h"
 
-/// torch::optim::SGDOptions' fields and defaults (lr is required), plus maximize, then the common
-/// tail. The momentum buffer is float32.
-#define TORCHSPEED_SGD_OPTIONS(X) \
-  X(double, lr, 0.0)              \
-  X(double, momentum, 0.0)        \
-  X(double, dampening, 0.0)       \
-  X(double, weight_decay, 0.0)    \
-  X(bool, nesterov, false)        \
-  X(bool, maximize, false)        \
+/// torch::optim::SGDOptions' fields and defaults (lr is required), plus maximize, the low-bit state
+/// options of the momentum buffer (TORCHSPEED_LOWBIT_STATE_OPTIONS; they matter only with
+/// momentum != 0), then the common tail.
+#define TORCHSPEED_SGD_OPTIONS(X)    \
+  X(double, lr, 0.0)                 \
+  X(double, momentum, 0.0)           \
+  X(double, dampening, 0.0)          \
+  X(double, weight_decay, 0.0)       \
+  X(bool, nesterov, false)           \
+  X(bool, maximize, false)           \
+  TORCHSPEED_LOWBIT_STATE_OPTIONS(X) \
   TORCHSPEED_FUSED_OPTIONS_TAIL(X)
 
-/// float32 tensors on the param's device, in its memory layout. `momentum_buffer` is undefined
-/// until the first step with momentum (it then starts from the gradient, as in torch); `master` is
-/// defined only for low-precision params with master weights, `ema` only with ema_decay.
-#define TORCHSPEED_SGD_STATE(X) X(momentum_buffer) X(master) X(ema)
+/// Laid out as torchspeed.optim.SGD's state in Python: tensors on the param's device, in its memory
+/// layout. `momentum_buffer` is undefined until the first step with momentum (it then starts from
+/// the gradient, as in torch); it follows the param's format (state_dtype): float32, bfloat16
+/// ("bf16") or int8 codes with `momentum_buffer_absmax`, one float32 absmax per block of
+/// state_block elements of the param's memory order ("int8"). A low-bit buffer comes with a 0-dim
+/// float32 `step` (it seeds bf16's stochastic rounding); a float32 one has none, as torch's.
+/// `master` is defined only for low-precision params with master weights, `ema` only with
+/// ema_decay.
+#define TORCHSPEED_SGD_STATE(X) \
+  X(momentum_buffer) X(master) X(ema) X(momentum_buffer_absmax) X(step)
 
 namespace torchspeed::optim {
 
