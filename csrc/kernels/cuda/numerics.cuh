@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/common/optim_types.h"
 #include "kernels/cuda/multi_tensor_apply.cuh"
@@ -150,6 +151,36 @@ cudaError_t dispatch_param_grad(DType param_dtype, DType grad_dtype, F&& f) {
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+/// The optimizers' multi-tensor lists, one per (param dtype, grad dtype) present (float, bf16,
+/// fp16; empty tensors skipped), in tensor order: fill(t, m) sets m.ptr's slots from t, m.numel
+/// and m.index (the tensor's position) are set here; launch(param_dtype, grad_dtype, list) runs
+/// each list. Stops at the first error.
+template <int kDepth, class Fill, class Launch>
+cudaError_t for_each_dtype_list(const OptimTensor* tensors, int64_t count, Fill&& fill,
+                                Launch&& launch) {
+  constexpr DType kTypes[] = {DType::kFloat, DType::kBFloat16, DType::kHalf};
+  std::vector<MtaTensor<kDepth>> list;
+  list.reserve(static_cast<size_t>(count));
+  for (DType pd : kTypes) {
+    for (DType gd : kTypes) {
+      list.clear();
+      for (int64_t i = 0; i < count; ++i) {
+        const OptimTensor& t = tensors[i];
+        if (t.param_dtype != pd || t.grad_dtype != gd || t.numel <= 0) continue;
+        MtaTensor<kDepth> m{};
+        fill(t, m);
+        m.numel = t.numel;
+        m.index = static_cast<int32_t>(i);
+        list.push_back(m);
+      }
+      if (list.empty()) continue;
+      const cudaError_t err = launch(pd, gd, list);
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return cudaSuccess;
 }
 
 }  // namespace torchspeed::kernels::cuda

@@ -269,16 +269,9 @@ cudaError_t run_kernel(Kernel kernel, DType param_dtype, DType grad_dtype,
 /// Runs `kernel` over every tensor, one batch of launches per (param dtype, grad dtype) present.
 cudaError_t run_all(Kernel kernel, const OptimTensor* tensors, int64_t count,
                     const OptimParams& prm, cudaStream_t stream) {
-  constexpr DType kTypes[] = {DType::kFloat, DType::kBFloat16, DType::kHalf};
-  std::vector<MtaTensor<kDepth>> list;
-  list.reserve(static_cast<size_t>(count));
-  for (DType pd : kTypes) {
-    for (DType gd : kTypes) {
-      list.clear();
-      for (int64_t i = 0; i < count; ++i) {
-        const OptimTensor& t = tensors[i];
-        if (t.param_dtype != pd || t.grad_dtype != gd || t.numel <= 0) continue;
-        MtaTensor<kDepth> m;
+  return for_each_dtype_list<kDepth>(
+      tensors, count,
+      [](const OptimTensor& t, MtaTensor<kDepth>& m) {
         m.ptr[kParam] = t.param;
         m.ptr[kGrad] = const_cast<void*>(t.grad);
         m.ptr[kMaster] = t.master;
@@ -288,16 +281,10 @@ cudaError_t run_all(Kernel kernel, const OptimTensor* tensors, int64_t count,
         m.ptr[kMask] = const_cast<uint8_t*>(t.mask);
         m.ptr[kEma] = t.ema;
         m.ptr[kStep] = t.step;
-        m.numel = t.numel;
-        m.index = static_cast<int32_t>(i);
-        list.push_back(m);
-      }
-      if (list.empty()) continue;
-      const cudaError_t err = run_kernel(kernel, pd, gd, list, prm, stream);
-      if (err != cudaSuccess) return err;
-    }
-  }
-  return cudaSuccess;
+      },
+      [&](DType pd, DType gd, const std::vector<MtaTensor<kDepth>>& list) {
+        return run_kernel(kernel, pd, gd, list, prm, stream);
+      });
 }
 
 }  // namespace

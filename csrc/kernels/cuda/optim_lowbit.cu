@@ -383,16 +383,10 @@ cudaError_t adam_lowbit_update(const OptimTensor* tensors, int64_t count, const 
     if (tensors[i].sr_index != 0) return cudaErrorInvalidValue;  // whole tensors only
   }
   const LowbitParams prm{hyper, scalars};
-  constexpr DType kTypes[] = {DType::kFloat, DType::kBFloat16, DType::kHalf};
-  std::vector<MtaTensor<kDepth>> list;
-  list.reserve(static_cast<size_t>(count));
-  for (DType pd : kTypes) {
-    for (DType gd : kTypes) {
-      list.clear();
-      for (int64_t i = 0; i < count; ++i) {
-        const OptimTensor& t = tensors[i];
-        if (t.param_dtype != pd || t.grad_dtype != gd || t.numel <= 0) continue;
-        MtaTensor<kDepth> m;
+  // m.index, the param's position, is the bf16 rounding's salt.
+  return for_each_dtype_list<kDepth>(
+      tensors, count,
+      [](const OptimTensor& t, MtaTensor<kDepth>& m) {
         m.ptr[kParam] = t.param;
         m.ptr[kGrad] = const_cast<void*>(t.grad);
         m.ptr[kMaster] = t.master;
@@ -403,17 +397,11 @@ cudaError_t adam_lowbit_update(const OptimTensor* tensors, int64_t count, const 
         m.ptr[kMask] = const_cast<uint8_t*>(t.mask);
         m.ptr[kEma] = t.ema;
         m.ptr[kStep] = t.step;
-        m.numel = t.numel;
-        m.index = static_cast<int32_t>(i);  // the param's position: the bf16 rounding's salt
-        list.push_back(m);
-      }
-      if (list.empty()) continue;
-      const cudaError_t err = int8 ? dispatch<true>(pd, gd, list, prm, stream)
-                                   : dispatch<false>(pd, gd, list, prm, stream);
-      if (err != cudaSuccess) return err;
-    }
-  }
-  return cudaSuccess;
+      },
+      [&](DType pd, DType gd, const std::vector<MtaTensor<kDepth>>& list) {
+        return int8 ? dispatch<true>(pd, gd, list, prm, stream)
+                    : dispatch<false>(pd, gd, list, prm, stream);
+      });
 }
 
 }  // namespace detail
