@@ -35,8 +35,46 @@ def test_runs_every_state_dtype_beside_the_torch_anchor(tmp_path, monkeypatch, c
     assert "sgd torchspeed int8" in capsys.readouterr().out
 
 
+def test_lm_task_learns_real_text_and_reports_the_held_out_loss(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHSPEED_RESULTS_DIR", str(tmp_path))
+    argv = ["--task", "lm", "--quick", "--steps", "30", "--optimizers", "adamw"]
+    assert lowbit_training.main(argv) == 0
+    rec = json.loads((tmp_path / "lowbit_training_lm.json").read_text())
+    assert rec["task"] == "lm" and not (tmp_path / "lowbit_training.json").exists()
+    by = {r["run"]: r for r in rec["rows"]}
+    assert list(by) == [
+        "adamw torch",
+        "adamw torchspeed fp32",
+        "adamw torchspeed bf16",
+        "adamw torchspeed int8",
+    ]
+    for r in rec["rows"]:
+        # Uniform over 256 byte values is ln 256 = 5.55 nats; 30 steps already learn the byte
+        # frequencies of source code.
+        assert r["first_loss"] > 5.0 and r["final_loss"] < 4.5, r
+        assert math.isfinite(r["held_out_loss"]) and r["held_out_loss"] < 4.5, r
+    # torch's fused AdamW and torchspeed's fp32 AdamW agree closely (not bitwise: the fused
+    # kernels differ in rounding), so the references' relative numbers are near 0.
+    assert abs(by["adamw torchspeed fp32"]["held_out_vs_reference"]) < 0.01
+    assert by["adamw torchspeed int8"]["state_bytes_per_param"] < 2.5
+
+
+def test_lm_corpus_is_python_source():
+    text = lowbit_training.lm_text(("argparse",))
+    assert b"class ArgumentParser" in text
+    with pytest.raises(RuntimeError, match="no source for module 'sys'"):
+        lowbit_training.lm_text(("sys",))
+
+
 @pytest.mark.parametrize(
-    "argv", [["--optimizers", "adam"], ["--optimizers", ""], ["--steps", "5"], ["--threads", "0"]]
+    "argv",
+    [
+        ["--optimizers", "adam"],
+        ["--optimizers", ""],
+        ["--steps", "5"],
+        ["--threads", "0"],
+        ["--task", "gpt"],
+    ],
 )
 def test_bad_arguments_are_usage_errors(argv):
     with pytest.raises(SystemExit) as e:
