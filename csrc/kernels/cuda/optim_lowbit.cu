@@ -64,8 +64,8 @@ constexpr int64_t kInt8Round = int64_t{kMtaBlockSize} * kMtaIlp * kInt8Quads;
 static_assert(kInt8Round == 4096, "a round must hold the largest quantization block (4096)");
 static_assert(kMtaPartSize % kInt8Round == 0, "rounds must tile a chunk's part");
 
-/// One tensor's step scalars, 1 / sqrt(bias correction 2) and stochastic-rounding salt, derived by
-/// thread 0 from the device values (as the CPU op derives them on the host) and shared.
+/// One tensor's step scalars, 1 / sqrt(bias correction 2) (Adam's) and stochastic-rounding salt,
+/// derived by thread 0 from the device values (as the CPU op derives them on the host) and shared.
 struct TensorScalars {
   StepScalars s;
   float inv_bc2;
