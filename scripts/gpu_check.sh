@@ -102,8 +102,9 @@ shopt -s nullglob
 optim_tests=(tests/python/test_ops.py tests/python/optim/test_*.py)
 if ((${#optim_tests[@]})); then
   # The CUDA variants of the tests written once per device (the `device` fixture); their CPU
-  # variants run in CI.
-  step test_ops_optim_cuda 90 "$PYTHON" -m pytest -q -rs -k cuda "${optim_tests[@]}"
+  # variants run in CI. With them, the low-bit steps' CUDA-vs-CPU bitwise and graph-capture tests
+  # (test_lowbit.py: Adam; test_lowbit_one_moment.py: Lion and SGD momentum).
+  step test_ops_optim_cuda 120 "$PYTHON" -m pytest -q -rs -k cuda "${optim_tests[@]}"
 else
   skip test_ops_optim "no tests/python/test_ops.py or tests/python/optim/test_*.py"
 fi
@@ -145,6 +146,10 @@ step bench_optim 60 "$PYTHON" -m torchspeed.cli bench optim --device cuda --stat
 # against torch fused AdamW and fp32 state, as a fraction of the device copy bandwidth (frac_of_bw).
 step bench_optim_lowbit 60 "$PYTHON" -m torchspeed.cli bench optim --device cuda --sets flat \
   --state-dtype fp32,bf16,int8
+# Lion and SGD momentum with fp32 / bf16 / int8 state on a flat 20M param (--quick), torch SGD
+# beside (bench_optim_lion_sgd_cuda.json, next to the AdamW runs' bench_optim_cuda.json).
+step bench_optim_lowbit_one_moment 40 "$PYTHON" -m torchspeed.cli bench optim --device cuda \
+  --sets flat --quick --optimizers lion,sgd --state-dtype fp32,bf16,int8
 step bench_profile 60 "$PYTHON" -m torchspeed.cli bench profile --quick
 
 # ---- loader on the GPU (only when the data part was built) -----------------------------------------

@@ -3,6 +3,7 @@
 // separate calls).
 #include <array>
 #include <utility>
+#include <vector>
 
 #include "optim/fused_step_builder.h"
 
@@ -25,7 +26,10 @@ bool has_buffer(const Optimizer& self, const at::Tensor& p) {
 
 at::Tensor sgd_step(Optimizer& self, const Optimizer::LossClosure& closure,
                     const GradScaling& scaling) {
-  return run_fused_step<SGDOptions>(
+  // The buckets whose buffers this step creates (first_step): the found_inf their calls read, and
+  // their params.
+  std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>> fresh;
+  at::Tensor loss = run_fused_step<SGDOptions>(
       self, "SGD", closure, scaling,
       [&](const SGDOptions& o, const std::vector<at::Tensor>& by_master,
           const GroupScalars& scalars, Staged& staged, std::vector<Call>& calls) {
@@ -43,6 +47,9 @@ at::Tensor sgd_step(Optimizer& self, const Optimizer::LossClosure& closure,
         }
         for (const auto& bucket : buckets) {
           const bool first_step = with_momentum && !has_buffer(self, bucket[0]);
+          if (first_step && scalars.found_inf.has_value()) {
+            fresh.emplace_back(*scalars.found_inf, bucket);
+          }
           std::array<FormatLists, 3> by_format;
           for (const auto& p : bucket) {
             const bool master = wants_master(o.master_weights(), p);
@@ -114,6 +121,19 @@ at::Tensor sgd_step(Optimizer& self, const Optimizer::LossClosure& closure,
           }
         }
       });
+  // As Python's SGD: a first step that GradScaler skipped leaves its params without a buffer
+  // (fp32 or low-bit), so that the buffer starts from the first grad applied, as torch's does.
+  // Only the first steps of new params pay this check (a host sync on CUDA).
+  for (const auto& [found_inf, params] : fresh) {
+    if (found_inf.item<float>() == 0.f) continue;
+    for (const auto& p : params) {
+      auto it = self.state().find(p.unsafeGetTensorImpl());
+      if (it != self.state().end()) {
+        static_cast<SGDParamState&>(*it->second).momentum_buffer(at::Tensor());
+      }
+    }
+  }
+  return loss;
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // The CUDA kernels' per-element math (kernels/cuda/optim_math.cuh, optim_lowbit_math.cuh,
 // quant_math.cuh), built here for the host with -ffp-contract=off, against the CPU kernel templates
-// (kernels/cpu/optim.h, quant.h, scalar lanes; the low-bit Adam against every ISA's kernel table),
-// bit for bit: every optimizer and flag combination (both take their per-tensor scalars from the
-// one step_scalars(), kernels/common/step_scalars.h, so this isolates the element math),
-// fake-quant, and the int8 Linear's row scale, rounding and epilogue against api.cuh's formula. It
-// runs without a GPU or the CUDA toolkit.
+// (kernels/cpu/optim.h, quant.h, scalar lanes; the low-bit Adam, Lion and SGD against every ISA's
+// kernel table, stochastic codes included), bit for bit: every optimizer and flag combination
+// (both take their per-tensor scalars from the one step_scalars(), kernels/common/step_scalars.h,
+// so this isolates the element math), fake-quant, and the int8 Linear's row scale, rounding and
+// epilogue against api.cuh's formula. It runs without a GPU or the CUDA toolkit.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -658,4 +658,163 @@ TEST_CASE("CUDA adam_lowbit_step_ math equals the CPU kernels bit for bit (int8,
     }
   }
   CHECK(mismatches == 0);
+}
+
+// ---- lion_lowbit_step_ / sgd_lowbit_step_: one signed moment, against the CPU kernels ----------
+
+TEST_CASE("the stochastic int8 code of a moment equals the CPU's vector code, lane by lane") {
+  namespace isa = cpu::TORCHSPEED_CPU_ISA_NAMESPACE;
+  using I = V::I32;
+  std::mt19937 rng(11);
+  int ups = 0;  // codes above the nearest one: the noise is really used
+  for (int r = 0; r < 200000; ++r) {
+    uint32_t bits = rng();
+    if (r % 7 == 0) bits = (bits & 0x807FFFFFu) | 0x7F800000u;  // inf / NaN
+    if (r % 5 == 0) bits = (bits & 0x80FFFFFFu) | 0x3E000000u;  // within a few binades of absmax
+    const float m = k::lowbit_float(bits);
+    float absmax = std::fabs(m) * std::exp2(float(rng() % 24)) * (1.f + float(rng() % 1000) / 1e3f);
+    if (r % 13 == 0) absmax = 0.f;       // an all-zero block: inverse 0
+    if (r % 17 == 0) absmax = INFINITY;  // a block holding inf: inverse 0, inf * 0 is NaN
+    const float inv = k::lowbit_inverse(absmax);
+    const uint32_t noise = rng() & 0xFFFFFu;
+    int8_t cpu_code = 0;
+    isa::quant_m_stochastic(V(m), inv, I::from_u32(noise), &cpu_code);
+    const int8_t cuda_code = k::lowbit_encode_m_stochastic(m, inv, noise);
+    REQUIRE(cpu_code == cuda_code);
+    if (cuda_code != k::lowbit_encode_m(m, inv)) ++ups;
+  }
+  CHECK(ups > 1000);
+  // Codes that are exact stay put whatever the noise: the absmax element is 127.
+  CHECK(k::lowbit_encode_m_stochastic(-3.5f, k::lowbit_inverse(3.5f), 0xFFFFFu) == -127);
+  CHECK(k::lowbit_encode_m_stochastic(0.f, 1.f, 0xFFFFFu) == 0);
+}
+
+namespace {
+
+/// Lion's or SGD's hyperparameters for lowbit_hyper's flags (Lion: beta2 0.99; SGD: momentum 0.9,
+/// flags % 3 == 0 the first step, bit 1 dampening 0.1, bit 7 Nesterov).
+k::OptimHyper one_moment_hyper(k::OptimAlgo algo, int flags, k::StateFormat format, int32_t block) {
+  k::OptimHyper h = lowbit_hyper(flags, format, block);
+  h.eps = 0.f;
+  if (algo == k::OptimAlgo::kLion) {
+    h.lr = 1e-2;
+    h.beta2 = 0.99;
+    h.beta2_f = float(h.beta2);
+    h.one_minus_beta2 = float(1.0 - h.beta2);
+  } else {
+    h.momentum = 0.9f;
+    h.one_minus_dampening = float(1.0 - ((flags & 2) ? 0.1 : 0.0));
+    h.nesterov = flags & 128;
+    h.first_step = flags % 3 == 0;
+  }
+  return h;
+}
+
+/// make_lowbit_case with one moment (exp_avg) only.
+LowbitCase make_one_moment_case(int64_t n, int flags, k::StateFormat format, int32_t block,
+                                uint32_t seed) {
+  LowbitCase c = make_lowbit_case(n, flags, format, block, seed);
+  c.v16.clear();
+  c.v8.clear();
+  c.v_absmax.clear();
+  return c;
+}
+
+/// bf16_kernel<kAlgo>'s per-element work, element by element, for elements sr_index + [0, n).
+template <k::OptimAlgo kAlgo>
+void cuda_signed_bf16_step(LowbitCase& c, const k::OptimHyper& h, const k::StepScalars& s,
+                           int64_t sr_index, uint32_t salt) {
+  for (int64_t i = 0; i < static_cast<int64_t>(c.param.size()); ++i) {
+    float p = cuda_load_param(c, i);
+    cu::signed_moment_bf16_element<kAlgo>(h, s, k::lowbit_sr_noise(sr_index + i, salt),
+                                          cu::scale_grad(h, s, c.grad[i]), p,
+                                          k::lowbit_bf16_value(c.m16[i]), c.m16[i]);
+    cuda_store_param(c, h, i, p);
+  }
+}
+
+/// signed_moment_int8_kernel<kAlgo>'s work, one quantization block after the other: the two
+/// phases of optim_lowbit_math.cuh. Returns how many codes differ from rounding to nearest.
+template <k::OptimAlgo kAlgo>
+int cuda_signed_int8_step(LowbitCase& c, const k::OptimHyper& h, const k::StepScalars& s,
+                          int64_t sr_index, uint32_t salt) {
+  const int64_t n = static_cast<int64_t>(c.param.size()), block = h.state_block;
+  std::vector<float> m(block);
+  int not_nearest = 0;
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t len = std::min(block, n - b0), kb = b0 / block;
+    float acc = 0.f;
+    for (int64_t j = 0; j < len; ++j) {
+      float p = cuda_load_param(c, b0 + j);
+      cu::signed_moment_int8_update<kAlgo>(h, s, cu::scale_grad(h, s, c.grad[b0 + j]), p,
+                                           c.m8[b0 + j], c.m_absmax[kb], m[j], acc);
+      cuda_store_param(c, h, b0 + j, p);
+    }
+    c.m_absmax[kb] = acc;
+    const float inv = k::lowbit_inverse(acc);
+    for (int64_t j = 0; j < len; ++j) {
+      c.m8[b0 + j] =
+          cu::signed_moment_int8_code(m[j], inv, k::lowbit_sr_noise(sr_index + b0 + j, salt));
+      not_nearest += c.m8[b0 + j] != k::lowbit_encode_m(m[j], inv);
+    }
+  }
+  return not_nearest;
+}
+
+/// Runs the one-moment comparison for `algo` and `format` over the flag combinations and blocks;
+/// returns the number of mismatching (case, ISA) pairs.
+template <k::OptimAlgo kAlgo>
+int one_moment_mismatches(k::StateFormat format) {
+  const auto tables = runnable_tables();
+  REQUIRE(!tables.empty());
+  const bool int8 = format == k::StateFormat::kInt8;
+  int mismatches = 0, stochastic_ups = 0;
+  for (const int32_t block :
+       int8 ? std::vector<int32_t>{8, 64, 256, 4096} : std::vector<int32_t>{256}) {
+    for (int flags = 0; flags < 256; flags += (block == 4096 ? 5 : 1)) {
+      const k::OptimHyper h = one_moment_hyper(kAlgo, flags, format, block);
+      const float scale = (flags & 64) ? 512.f : 1.f, clip = (flags & 64) ? 0.7f : 1.f;
+      const float step = float(flags % 9 + 1);
+      const k::StepScalars s = k::step_scalars(h, h.lr, scale, clip, true, step);
+      const uint32_t salt = k::lowbit_step_salt(step, flags % 5);
+      // A range as the CPU op cuts them (on a multiple of 2^16), past 2^32 for some.
+      const int64_t sr_index =
+          (flags % 3 == 0) ? (int64_t{1} << 32) + (3 << 16) : int64_t{flags % 3} << 16;
+      const int64_t n = int8 ? 4 * block + 1 + flags % 7 : 1000 + flags % 37;
+      const LowbitCase start = make_one_moment_case(n, flags, format, block, flags);
+      LowbitCase want = start;
+      if (int8) {
+        stochastic_ups += cuda_signed_int8_step<kAlgo>(want, h, s, sr_index, salt);
+      } else {
+        cuda_signed_bf16_step<kAlgo>(want, h, s, sr_index, salt);
+      }
+      for (const cpu::CpuKernelTable* table : tables) {
+        LowbitCase got = start;
+        const cpu::OptimFn fn = kAlgo == k::OptimAlgo::kLion ? table->optim.lion : table->optim.sgd;
+        fn(lowbit_tensor(got, sr_index, salt), h, s, nullptr, nullptr);
+        const std::string diff = lowbit_mismatch(got, want);
+        if (!diff.empty() && mismatches++ < 10) {
+          UNSCOPED_INFO((kAlgo == k::OptimAlgo::kLion ? "lion" : "sgd")
+                        << (int8 ? " int8 block " : " bf16 block ") << block << " flags " << flags
+                        << " isa " << cpu::isa_name(table->isa) << ":" << diff);
+        }
+      }
+    }
+  }
+  // int8: the codes are really rounded stochastically (many differ from the nearest ones).
+  if (int8) CHECK(stochastic_ups > 1000);
+  return mismatches;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "CUDA lion_lowbit_step_ math equals the CPU kernels bit for bit (bf16, int8, every ISA)") {
+  CHECK(one_moment_mismatches<k::OptimAlgo::kLion>(k::StateFormat::kBFloat16) == 0);
+  CHECK(one_moment_mismatches<k::OptimAlgo::kLion>(k::StateFormat::kInt8) == 0);
+}
+
+TEST_CASE("CUDA sgd_lowbit_step_ math equals the CPU kernels bit for bit (bf16, int8, every ISA)") {
+  CHECK(one_moment_mismatches<k::OptimAlgo::kSgd>(k::StateFormat::kBFloat16) == 0);
+  CHECK(one_moment_mismatches<k::OptimAlgo::kSgd>(k::StateFormat::kInt8) == 0);
 }

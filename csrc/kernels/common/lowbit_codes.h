@@ -70,6 +70,17 @@ TORCHSPEED_HD int8_t lowbit_encode_m(float m, float inv) {
   return static_cast<int8_t>((lowbit_bits(m) >> 31) ? -k : k);
 }
 
+/// As lowbit_encode_m, rounded stochastically on the code grid with 20 bits of noise (the CPU's
+/// quant_m_stochastic for one lane; one-moment optimizers' int8 moments): |m| * inv's bits plus
+/// the noise, truncated to 3 mantissa bits, clamped. NaN (and inf * 0) gets +-127.
+TORCHSPEED_HD int8_t lowbit_encode_m_stochastic(float m, float inv, uint32_t noise20) {
+  const float x = f_mul(lowbit_float(lowbit_bits(m) & 0x7FFFFFFFu), inv);
+  const auto r =
+      static_cast<int32_t>((lowbit_bits(x) + noise20) >> 20) - static_cast<int32_t>(kLowbitMOffset);
+  const int32_t k = r < 0 ? 0 : (r > 127 ? 127 : r);
+  return static_cast<int8_t>((lowbit_bits(m) >> 31) ? -k : k);
+}
+
 TORCHSPEED_HD uint8_t lowbit_encode_v(float v, float inv) {
   const float x = f_mul(v, inv);
   return static_cast<uint8_t>(lowbit_code(x > 0.f ? x : 0.f, kLowbitVOffset, 255));

@@ -61,19 +61,22 @@ struct DeviceScalars {
 /// chunks of 64K elements (4 blocks per chunk) and per (param dtype, grad dtype) pair present. LAMB
 /// runs phase 1 (moments and norms) over all tensors, then phase 2 (trust-ratio update);
 /// `lamb_workspace` is 2 * count doubles of device memory (zeroed here), null for the other
-/// algorithms. Adam with hyper.state_format kBFloat16 / kInt8 (adam_lowbit_step_) reads and writes
-/// the low-bit moments (exp_avg_lp, exp_avg_sq_lp and, for int8, the absmaxes; sr_index 0) instead
-/// of exp_avg / exp_avg_sq: bf16 rounded stochastically with the CPU's hash, int8 one quantization
-/// block per group of threads (optim_lowbit.cu); the same bits as the CPU kernels.
+/// algorithms. Adam, Lion and SGD (with momentum) with hyper.state_format kBFloat16 / kInt8
+/// (adam_lowbit_step_, lion_lowbit_step_, sgd_lowbit_step_) read and write the low-bit moments
+/// (exp_avg_lp, Adam's exp_avg_sq_lp and, for int8, the absmaxes; sr_index 0) instead of exp_avg /
+/// exp_avg_sq: bf16 rounded stochastically with the CPU's hash, int8 one quantization block per
+/// group of threads, Lion's and SGD's codes rounded stochastically (optim_lowbit.cu); the same bits
+/// as the CPU kernels. LAMB has no low-bit step (cudaErrorInvalidValue).
 cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count,
                        const OptimHyper& hyper, const DeviceScalars& scalars,
                        double* lamb_workspace, cudaStream_t stream);
 
 namespace detail {
-/// optim_step's update for Adam with low-bit moments (optim_lowbit.cu), once the steps are
-/// incremented.
-cudaError_t adam_lowbit_update(const OptimTensor* tensors, int64_t count, const OptimHyper& hyper,
-                               const DeviceScalars& scalars, cudaStream_t stream);
+/// optim_step's update for Adam, Lion or SGD with low-bit moments (optim_lowbit.cu), once the
+/// steps are incremented.
+cudaError_t lowbit_update(OptimAlgo algo, const OptimTensor* tensors, int64_t count,
+                          const OptimHyper& hyper, const DeviceScalars& scalars,
+                          cudaStream_t stream);
 }  // namespace detail
 
 // ---- dist: the reducer's bucket pass ------------------------------------------------------------

@@ -301,17 +301,14 @@ cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count
       return cudaErrorInvalidValue;
     }
   }
-  if (hyper.state_format != StateFormat::kFloat && algo != OptimAlgo::kAdam) {
-    return cudaErrorInvalidValue;
-  }
+  const bool lowbit = hyper.state_format != StateFormat::kFloat;
+  if (lowbit && algo == OptimAlgo::kLamb) return cudaErrorInvalidValue;
   cudaError_t err = launch_step_increment(tensors, count, scalars.found_inf, stream);
   if (err != cudaSuccess) return err;
+  if (lowbit) return detail::lowbit_update(algo, tensors, count, hyper, scalars, stream);
   const OptimParams prm{hyper, scalars, lamb_workspace};
   switch (algo) {
     case OptimAlgo::kAdam:
-      if (hyper.state_format != StateFormat::kFloat) {
-        return detail::adam_lowbit_update(tensors, count, hyper, scalars, stream);
-      }
       return run_all(Kernel::kAdam, tensors, count, prm, stream);
     case OptimAlgo::kSgd:
       return run_all(Kernel::kSgd, tensors, count, prm, stream);

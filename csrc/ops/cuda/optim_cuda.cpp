@@ -1,7 +1,7 @@
 // CUDA implementation of the fused optimizer steps (adam_step_, adam_lowbit_step_, sgd_step_,
-// sgd_lowbit_step_ and lion_lowbit_step_ (refused: CPU only so far), lion_step_, lamb_step_): takes
-// the validated FusedStep (the hyperparameters rounded on the host as for the CPU) and hands raw
-// pointers to kernels/cuda/optim.cu (optim_lowbit.cu for low-bit moments) on the current stream.
+// sgd_lowbit_step_, lion_step_, lion_lowbit_step_, lamb_step_): takes the validated FusedStep (the
+// hyperparameters rounded on the host as for the CPU) and hands raw pointers to
+// kernels/cuda/optim.cu (optim_lowbit.cu for low-bit moments) on the current stream.
 // lr_tensor, grad_scale, found_inf, clip_coef and the steps are only read on the device: no
 // .item(), no host sync, CUDA-graph capturable.
 #include <ATen/ATen.h>
@@ -24,13 +24,6 @@ void run_fused_step(const FusedStep& a) {
   const at::Device device = a.params[0].device();
   TORCH_CHECK(device.is_cuda(), "torchspeed.", a.op, ": params must be on a CUDA device, got ",
               device);
-  // Low-bit moments have a CUDA kernel for Adam only (optim_lowbit.cu); Lion's and SGD's are CPU
-  // only so far.
-  TORCH_CHECK(
-      a.hyper.state_format == kernels::StateFormat::kFloat || a.algo == kernels::OptimAlgo::kAdam,
-      "torchspeed.", a.op,
-      ": bfloat16 / int8 moments (state_dtype 'bf16' / 'int8') have CPU kernels only so far; "
-      "use state_dtype='fp32' for CUDA params");
   if (a.writes_overlap()) {
     // One param at a time, in list order (see the CPU driver).
     for (size_t i = 0; i < a.params.size(); ++i) run_fused_step(a.element(i));

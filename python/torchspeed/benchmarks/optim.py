@@ -13,6 +13,11 @@ state_dtype bf16 moves 20 B per fp32 param (p4 g4 m2 v2 read, p4 m2 v2 written) 
 (+ 8 B of absmax per 256 elements), against torch fused AdamW's 28 B in the same run. Tensors
 under 4096 elements keep fp32 moments under int8 (bytes counted as such). On CUDA, frac_of_bw is
 the fraction of the measured device copy bandwidth.
+`--optimizers` (default adamw; e.g. adamw,lion,sgd) also runs Lion and SGD, in their own groups
+("<set> · lion", "<set> · sgd"), one row per state dtype: torchspeed Lion and SGD (momentum 0.9)
+move 20 B per fp32 param with an fp32 moment (p4 g4 m4 read, p4 m4 written), 16 B with bf16 and
+14 B with int8 (+ 8 B of absmax per 256 elements); SGD's anchor is torch.optim.SGD (foreach, and
+fused on CUDA), Lion has none; their results go to bench_optim_<optimizers>_<device>.json.
 """
 
 import argparse
@@ -95,6 +100,23 @@ def step_bytes(shapes, state_dtype: str) -> int:
     return total
 
 
+def one_moment_step_bytes(shapes, state_dtype: str) -> int:
+    """Bytes a Lion or SGD-momentum step moves over fp32 params of `shapes` (one moment)."""
+    total = 0
+    for s in shapes:
+        n = torch.Size(s).numel()
+        if state_dtype == "bf16":
+            total += 16 * n
+        elif state_dtype == "int8" and n >= 4096:
+            total += 14 * n + 8 * -(-n // 256)  # absmax read and written
+        else:
+            total += 20 * n
+    return total
+
+
+OPTIMIZERS = ("adamw", "lion", "sgd")
+
+
 def deepspeed_cpu_adamw():
     """DeepSpeed's CPU Adam (AVX-512/AVX2 C++ kernel, JIT-built) as an AdamW class, or None when
     DeepSpeed is not installed or cannot build its op here."""
@@ -113,6 +135,37 @@ def deepspeed_cpu_adamw():
     return make_opt
 
 
+def one_moment_rows(h, group, opt_name, shapes, state_dtypes, dev, reps):
+    """Lion or SGD-momentum rows of one parameter set: torch SGD as the anchor of SGD's group, then
+    torchspeed's per state dtype."""
+    n = sum(torch.Size(s).numel() for s in shapes)
+    variants = []
+    if opt_name == "sgd":
+        torch_kw = dict(fused=True) if dev.startswith("cuda") else dict(foreach=True)
+        label = "torch SGD " + next(iter(torch_kw))
+        variants.append((label, torch.optim.SGD, dict(momentum=0.9, **torch_kw), "fp32", True))
+    cls = torchspeed.optim.Lion if opt_name == "lion" else torchspeed.optim.SGD
+    extra = {} if opt_name == "lion" else dict(momentum=0.9)
+    for sd in state_dtypes:
+        label = f"torchspeed {cls.__name__}" + ("" if sd == "fp32" else f" {sd} state")
+        variants.append((label, cls, dict(state_dtype=sd, **extra), sd, False))
+    for label, opt_cls, kw, sd, anchor in variants:
+        params = make(shapes, device=dev)
+        opt = opt_cls(params, lr=1e-3, **kw)
+        h.add(
+            group,
+            label,
+            opt.step,
+            bytes_moved=one_moment_step_bytes(shapes, sd),
+            repeats=reps,
+            anchor=anchor,
+            params=len(shapes),
+            elements=n,
+        )
+        del opt, params
+        gc.collect()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="torchspeed bench optim", description=__doc__)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -125,6 +178,12 @@ def main(argv=None):
         help="comma-separated torchspeed AdamW state_dtype columns (fp32, bf16, int8)",
     )
     ap.add_argument(
+        "--optimizers",
+        default="adamw",
+        help=f"comma-separated optimizers to run ({', '.join(OPTIMIZERS)}); lion and sgd get their "
+        "own groups",
+    )
+    ap.add_argument(
         "--sets",
         default=",".join(SET_KEYS),
         help=f"comma-separated parameter sets to run ({', '.join(SET_KEYS)})",
@@ -135,6 +194,10 @@ def main(argv=None):
     for s in state_dtypes:
         if s not in ("fp32", "bf16", "int8"):
             ap.error(f"--state-dtype: {s!r} is not one of fp32, bf16, int8")
+    optimizers = [s for s in args.optimizers.split(",") if s]
+    for s in optimizers:
+        if s not in OPTIMIZERS:
+            ap.error(f"--optimizers: {s!r} is not one of {', '.join(OPTIMIZERS)}")
     only = [s for s in args.sets.split(",") if s]
     for s in only:
         if s not in SET_KEYS:
@@ -155,14 +218,20 @@ def main(argv=None):
         ]
         if key in only
     ]
+    # Lion / SGD runs write their own results file beside AdamW's.
+    others = [o for o in optimizers if o != "adamw"]
     h = Harness(
-        "bench_optim",
+        "_".join(["bench_optim", *others]) if others else "bench_optim",
         "torchspeed bench optim " + " ".join(sys.argv[1:] if argv is None else argv),
         device=dev,
     )
     ds_adam = deepspeed_cpu_adamw() if dev == "cpu" and not args.quick else None
     for _, name, shapes in sets:
         n = sum(torch.Size(s).numel() for s in shapes)
+        for opt_name in (o for o in optimizers if o != "adamw"):
+            one_moment_rows(h, f"{name} · {opt_name}", opt_name, shapes, state_dtypes, dev, reps)
+        if "adamw" not in optimizers:
+            continue
         variants = [
             ("torch AdamW for-loop", dict(foreach=False), torch.optim.AdamW, True),
             ("torch AdamW foreach", dict(foreach=True), torch.optim.AdamW, True),

@@ -281,6 +281,47 @@ TEST_CASE("low-bit SGD steps equal sgd_lowbit_step_ / sgd_step_ called directly"
   }
 }
 
+TEST_CASE(
+    "an SGD first step that GradScaler skips leaves no buffer: the next starts it from its "
+    "grad, as Python's SGD",
+    "[lowbit]") {
+  for (const std::string state_dtype : {"fp32", "int8", "bf16"}) {
+    INFO(state_dtype);
+    // Dampening: a buffer kept from the skipped step (zeros, then first_step false) would give
+    // (1 - dampening) * grad instead of the grad.
+    const SGDOptions options =
+        SGDOptions(0.05).momentum(0.9).dampening(0.1).weight_decay(0.01).state_dtype(state_dtype);
+    auto skipped = make_params();
+    auto ref = clone_params(skipped);  // never sees the skipped step
+    SGD opt(skipped, options);
+    SGD ref_opt(ref, options);
+    set_grads(skipped, 0);
+    opt.step(torchspeed::optim::GradScaling{torch::ones({1}), torch::ones({1})});
+    for (size_t i = 0; i < skipped.size(); ++i) {
+      INFO("param " << i);
+      REQUIRE(torch::equal(skipped[i].detach(), ref[i].detach()));  // nothing written
+      CHECK_FALSE(state_of<SGDParamState>(opt, skipped[i]).momentum_buffer().defined());
+    }
+    for (int s = 1; s < 3; ++s) {
+      set_grads(skipped, s);
+      set_grads(ref, s);
+      opt.step(torchspeed::optim::GradScaling{torch::ones({1}), torch::zeros({1})});
+      ref_opt.step();
+    }
+    for (size_t i = 0; i < skipped.size(); ++i) {
+      INFO("param " << i);
+      REQUIRE(torch::equal(skipped[i].detach(), ref[i].detach()));
+      const auto& got = state_of<SGDParamState>(opt, skipped[i]);
+      const auto& want = state_of<SGDParamState>(ref_opt, ref[i]);
+      require_same("momentum_buffer", got.momentum_buffer(), want.momentum_buffer());
+      require_same("momentum_buffer_absmax", got.momentum_buffer_absmax(),
+                   want.momentum_buffer_absmax());
+      require_same("step", got.step(), want.step());
+      REQUIRE_FALSE(torch::equal(skipped[i].detach(), make_params()[i].detach()));
+    }
+  }
+}
+
 TEST_CASE("SGD without momentum has no buffer and no step under a low-bit state_dtype",
           "[lowbit]") {
   auto ours = make_params();

@@ -2,7 +2,10 @@
 SGD with momentum): the int8 and bf16 steps against a float64 reference of the same quantized
 algorithm (dequantize -> update -> requantize with the kernels' stochastic rounding, rounded to
 float32 where the kernel stores), codes bit-identical on every CPU ISA, the GradScaler skip,
-state_dict interop, bad input, opcheck and a model that learns."""
+state_dict interop, bad input, opcheck and a model that learns; on CUDA, the ops and the optimizers
+against the CPU ones bit for bit, and graph capture."""
+
+import os
 
 import pytest
 import torch
@@ -642,3 +645,237 @@ def test_sgd_small_model_learns_as_well_as_with_fp32_state(state_dtype):
     low, _ = _train(make(state_dtype))
     assert ref < 0.2 * first  # it really learns
     assert abs(low - ref) <= 0.03 * ref, (state_dtype, low, ref)
+
+
+# ---- CUDA: the CPU op's bits -----------------------------------------------------------------------
+# lion_lowbit_step_ / sgd_lowbit_step_ on CUDA against the CPU op on identical inputs, bit for bit
+# (params, masters, EMAs, bf16 moments / int8 codes, stochastic roundings included, and absmaxes),
+# one call over several params (a multi-chunk one, a non-contiguous one, short last blocks), with
+# device scalars and a found_inf-skipped step; the optimizers over several steps; graph capture
+# and the sync-free check. Skipped without a GPU or a CUDA build; TORCHSPEED_CUDA_TESTS_ON_CPU=1
+# runs the "CUDA" side on the CPU (a dry run of this code, proving nothing about the kernels).
+
+_CUDA_ON_CPU = os.environ.get("TORCHSPEED_CUDA_TESTS_ON_CPU") == "1"
+CUDA = "cpu" if _CUDA_ON_CPU else "cuda"
+
+
+def _cuda_skip_reason():
+    if _CUDA_ON_CPU:
+        return None
+    if not torch.cuda.is_available():
+        return "needs a CUDA device"
+    if not getattr(torchspeed._C, "with_cuda", False):
+        return "torchspeed built without CUDA"
+    return None
+
+
+needs_cuda = pytest.mark.skipif(_cuda_skip_reason() is not None, reason=str(_cuda_skip_reason()))
+needs_real_cuda = pytest.mark.skipif(_CUDA_ON_CPU, reason="needs a CUDA device (CPU dry run)")
+
+# name: (state_block, bf16 params with masters + mask + EMA, device scalars, op keywords)
+CUDA_VARIANTS = {
+    "plain": (256, False, False, dict(weight_decay=1e-2, maximize=False, dampening=0.0)),
+    "block8_maximize_dampening": (
+        8,
+        False,
+        False,
+        dict(weight_decay=0.1, maximize=True, dampening=0.1),
+    ),
+    "masters_mask_ema_scalars": (
+        4096,
+        True,
+        True,
+        dict(weight_decay=1e-2, maximize=False, dampening=0.0),
+    ),
+}
+
+
+def _bits(t):
+    """The bytes of t's elements (a NaN equals the same NaN, unlike torch.equal)."""
+    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
+
+
+def _moment_inputs(state_dtype, block, mixed, seed=0):
+    """One lion_lowbit_step_ / sgd_lowbit_step_ call's tensors on the CPU: params over two 64K
+    chunks, a transposed (non-contiguous) one, tiny ones."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(70001,), (7, 300), (13,), (4096,)]
+    params = [torch.randn(s, generator=g) for s in shapes]
+    params[1] = params[1].t()  # laid out column-major: state follows the param's layout
+    d = dict(params=[], exp_avgs=[], exp_avg_absmaxes=[], masters=[], steps=[], masks=[], emas=[])
+    for p in params:
+        m = torch.randn(p.shape, generator=g) * 1e-2
+        if state_dtype == "bf16":
+            d["exp_avgs"].append(torch.empty_like(p, dtype=torch.bfloat16).copy_(m))
+        else:
+            # Codes in the param's memory order: encode the values laid out as the param is.
+            mem = m.t().contiguous() if p is params[1] else m.contiguous()
+            codes, absmax = torch.ops.torchspeed.lowbit_encode(mem.reshape(-1), True, block)
+            codes = codes.reshape(mem.shape)
+            d["exp_avgs"].append(codes.t() if p is params[1] else codes)
+            d["exp_avg_absmaxes"].append(absmax)
+        d["steps"].append(torch.tensor(2.0))
+        if mixed:
+            d["masters"].append(p.clone())
+            d["params"].append(p.to(torch.bfloat16))
+            d["masks"].append(torch.randint(0, 256, ((p.numel() + 7) // 8,), generator=g).byte())
+            d["emas"].append(p.clone())
+        else:
+            d["params"].append(p)
+    return d
+
+
+def _moment_grads(d, seed):
+    g = torch.Generator().manual_seed(seed)
+    grads = [torch.randn(p.shape, generator=g).to(p.dtype) * 0.1 for p in d["params"]]
+    grads[0][5] = float("inf")  # an int8 block with an infinite moment: absmax inf, codes 0
+    grads[0][70000] = float("nan")  # the last chunk's short block: NaN skipped by the absmax
+    return grads
+
+
+def _to_device(d, device):
+    """A copy of the call's tensors on `device`, with the same strides."""
+    out = {}
+    for k, ts in d.items():
+        out[k] = [
+            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).copy_(t)
+            for t in ts
+        ]
+    return out
+
+
+def _moment_step(algo, d, grads, block, kw, scalars=None, first_step=False):
+    common = dict(
+        state_block=block,
+        lr=1e-2,
+        weight_decay=kw["weight_decay"],
+        maximize=kw["maximize"],
+        ema_decay=0.99 if d["emas"] else 0.0,
+        **(scalars or {}),
+    )
+    lists = (d["masters"], d["steps"], d["masks"], d["emas"])
+    if algo == "lion":
+        torch.ops.torchspeed.lion_lowbit_step_(
+            d["params"], grads, d["exp_avgs"], d["exp_avg_absmaxes"], *lists,
+            beta1=0.9, beta2=0.99, **common,
+        )  # fmt: skip
+    else:
+        torch.ops.torchspeed.sgd_lowbit_step_(
+            d["params"], grads, d["exp_avgs"], d["exp_avg_absmaxes"], *lists,
+            momentum=0.9, dampening=kw["dampening"], nesterov=kw["dampening"] == 0.0,
+            first_step=first_step, **common,
+        )  # fmt: skip
+
+
+def _device_scalars(device, step):
+    """lr, AMP scale, clip coefficient and found_inf as device tensors; the third step is skipped."""
+    return dict(
+        lr_tensor=torch.tensor(3e-3 * (step + 1), device=device),
+        grad_scale=torch.tensor(1024.0, device=device),
+        clip_coef=torch.tensor(0.75, device=device),
+        found_inf=torch.tensor(1.0 if step == 2 else 0.0, device=device),
+    )
+
+
+def _assert_same_bits(cpu, dev, where):
+    for key in cpu:
+        for i, (a, b) in enumerate(zip(cpu[key], dev[key])):
+            assert torch.equal(_bits(a), _bits(b)), f"{where}: {key}[{i}] differs"
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", list(CUDA_VARIANTS))
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("algo", ["lion", "sgd"])
+def test_cuda_one_moment_low_bit_step_equals_the_cpu_step_bitwise(algo, state_dtype, variant):
+    block, mixed, with_scalars, kw = CUDA_VARIANTS[variant]
+    cpu = _moment_inputs(state_dtype, block, mixed)
+    dev = _to_device(cpu, CUDA)
+    for step in range(4):
+        grads = _moment_grads(cpu, 100 + step)
+        if with_scalars:
+            grads = [(g.float() * 1024).to(g.dtype) for g in grads]
+        before = _to_device(dev, CUDA)
+        first = step == 0  # SGD: the buffer starts as the grad
+        scalars = _device_scalars("cpu", step) if with_scalars else None
+        _moment_step(algo, cpu, grads, block, kw, scalars, first)
+        scalars = _device_scalars(CUDA, step) if with_scalars else None
+        _moment_step(algo, dev, [g.to(CUDA) for g in grads], block, kw, scalars, first)
+        _assert_same_bits(cpu, dev, f"{algo} {state_dtype} {variant} step {step}")
+        if with_scalars and step == 2:  # found_inf: nothing written, not even the steps
+            _assert_same_bits(before, dev, f"{algo} {state_dtype} {variant} skipped step")
+        elif step == 1:  # (the check above can fail: a step does write)
+            assert not torch.equal(_bits(before["exp_avgs"][0]), _bits(dev["exp_avgs"][0]))
+    assert [s.item() for s in dev["steps"]] == [s.item() for s in cpu["steps"]]
+    assert [s.item() for s in dev["steps"]] == [5.0 if with_scalars else 6.0] * 4
+
+
+def _optimizer(algo, params, state_dtype):
+    if algo == "lion":
+        return torchspeed.optim.Lion(params, **LION, state_dtype=state_dtype, state_block=BLOCK)
+    return torchspeed.optim.SGD(params, **SGD_KW, state_dtype=state_dtype, state_block=BLOCK)
+
+
+@needs_cuda
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("algo", ["lion", "sgd"])
+def test_cuda_one_moment_optimizer_equals_the_cpu_one_bitwise(algo, state_dtype):
+    cpu_params = _params(3, shapes=[(70, 150), (5000,), (300,), (64, 65)])
+    dev_params = [torch.nn.Parameter(p.detach().to(CUDA, copy=True)) for p in cpu_params]
+    cpu_opt, dev_opt = (
+        _optimizer(algo, cpu_params, state_dtype),
+        _optimizer(algo, dev_params, state_dtype),
+    )
+    for step in range(3):
+        for p, q, g in zip(cpu_params, dev_params, _grads(cpu_params, 300 + step)):
+            p.grad, q.grad = g, g.to(CUDA, copy=True)
+        cpu_opt.step()
+        dev_opt.step()
+        for i, (p, q) in enumerate(zip(cpu_params, dev_params)):
+            assert torch.equal(_bits(p), _bits(q)), (algo, state_dtype, step, i)
+            assert set(cpu_opt.state[p]) == set(dev_opt.state[q])
+            for key, t in cpu_opt.state[p].items():
+                assert torch.equal(_bits(t), _bits(dev_opt.state[q][key])), (step, i, key)
+    key = "exp_avg" if algo == "lion" else "momentum_buffer"
+    want = torch.bfloat16 if state_dtype == "bf16" else torch.int8
+    assert dev_opt.state[dev_params[0]][key].dtype == want
+
+
+@needs_cuda
+@needs_real_cuda
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("algo", ["lion", "sgd"])
+def test_cuda_one_moment_low_bit_step_captures_in_a_graph_and_never_syncs(algo, state_dtype):
+    kw = CUDA_VARIANTS["masters_mask_ema_scalars"][3]
+    base = _moment_inputs(state_dtype, 256, mixed=True)
+    eager, graphed = _to_device(base, "cuda"), _to_device(base, "cuda")
+    # Inputs made before the sync check: a host -> device copy synchronises.
+    all_grads = [[g.cuda() for g in _moment_grads(base, 200 + s)] for s in range(3)]
+    all_scalars = [_device_scalars("cuda", s) for s in range(3)]
+    static_grads = [g.clone() for g in all_grads[0]]
+    static_scalars = _device_scalars("cuda", 0)
+    # Warm up on a side stream (as torch.cuda.graphs asks), on a throwaway copy of the state.
+    warm = _to_device(base, "cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _moment_step(algo, warm, static_grads, 256, kw, static_scalars)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _moment_step(algo, graphed, static_grads, 256, kw, static_scalars)
+    # Capture ran nothing: the graphed state is still the initial one.
+    _assert_same_bits(_to_device(base, "cuda"), graphed, "after capture")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for s in range(3):
+            for dst, src in zip(static_grads, all_grads[s]):
+                dst.copy_(src)
+            for k, t in all_scalars[s].items():
+                static_scalars[k].copy_(t)
+            graph.replay()
+            _moment_step(algo, eager, all_grads[s], 256, kw, all_scalars[s])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    _assert_same_bits(eager, graphed, f"{algo} {state_dtype} graph replay")
