@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
+from torchspeed._progress import progress_bar
 from torchspeed.benchmarks.harness import machine_info, results_dir
 
 STATE_DTYPES = ("fp32", "bf16", "int8")
@@ -187,12 +188,16 @@ def train(kind: str, sd: Optional[str], steps: int, task) -> Dict:
     if opt is None:
         return {}
     losses: List[float] = []
+    name = f"{kind} {'torch' if sd is None else 'torchspeed ' + sd}"
+    bar = progress_bar(steps, name, "step", terminal_only=True)
     for _ in range(steps):
         loss = task.loss(model)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        bar.update()
+    bar.close()
     n = sum(p.numel() for p in model.parameters())
     state = getattr(opt, "state_bytes", None)
     state_bytes = state() if callable(state) else _torch_state_bytes(opt)
