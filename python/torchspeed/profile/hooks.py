@@ -21,6 +21,7 @@ from torch import nn
 from .. import _C
 from . import ranges as _ranges
 from .attribution import ModuleSampler
+from .loader_cpu import LoaderCpu
 from .summary import RunFacts
 
 _P = _C.profile
@@ -128,6 +129,8 @@ class TorchHooks:
         self.loaders = _WeakSet()
         # The most loader workers seen at once: the loaders may be gone when the rules run.
         self.loader_workers = 0
+        # The loader's CPU time per step (its worker processes and C++ threads, from /proc).
+        self.loader_cpu = LoaderCpu()
         self.train_forwards = 0  # outermost forwards in train mode with grad (micro-batches)
         self.autocast_used = False
         self.shapes: Dict[int, set] = {}
@@ -398,7 +401,13 @@ class TorchHooks:
         def make_iter(orig):
             def __iter__(loader):
                 hooks.saw_loader(loader)
-                return orig(loader)
+                it = orig(loader)
+                try:  # torch's multiprocessing iterator: its worker processes
+                    workers = getattr(it, "_workers", None) or []
+                    hooks.loader_cpu.add_workers([getattr(w, "pid", None) for w in workers])
+                except Exception as e:  # noqa: BLE001 (the profiler's error, not the script's)
+                    hooks._internal_error("the DataLoader iterator hook", e)
+                return it
 
             return __iter__
 
@@ -561,6 +570,8 @@ class TorchHooks:
             self.discovery = False
         if self.module_sampler is not None:
             self.module_sampler.on_step(self.steps_seen)
+        # Counted over the steps the summary keeps (after the warmup).
+        self.loader_cpu.sample(counting=self.steps_seen >= getattr(self.prof, "warmup", 0))
 
     # ---- facts ------------------------------------------------------------------------------
     def _attribution(self, models: List[Any]):
@@ -658,6 +669,7 @@ class TorchHooks:
             probes=dict(self._probe(models, device_type)) if self.probe else {},
             torch_threads=torch.get_num_threads(),
             loader_workers=self.loader_workers,
+            loader_cpu_s=self.loader_cpu.per_step_s(),
         )
 
 

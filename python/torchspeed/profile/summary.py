@@ -194,6 +194,9 @@ class RunFacts:
     torch_threads: int = 0
     #: The most workers (C++ decode threads or worker processes) of one loader seen in the run.
     loader_workers: int = 0
+    #: The loader's CPU seconds per step (its worker processes and C++ threads, from /proc over
+    #: the steps after the warmup); None when not measured.
+    loader_cpu_s: Optional[float] = None
 
 
 @dataclass
