@@ -131,6 +131,7 @@ class TorchHooks:
         self.loader_workers = 0
         # The loader's CPU time per step (its worker processes and C++ threads, from /proc).
         self.loader_cpu = LoaderCpu()
+        self.model_compiled = False
         self.train_forwards = 0  # outermost forwards in train mode with grad (micro-batches)
         self.autocast_used = False
         self.shapes: Dict[int, set] = {}
@@ -222,6 +223,10 @@ class TorchHooks:
     def _root_enter(self, module: nn.Module, args: tuple) -> None:
         self._candidate(at_forward=True)
         self.models.add(module)
+        if type(module).__name__ == "OptimizedModule" or getattr(
+            module, "_compiled_call_impl", None
+        ):
+            self.model_compiled = True  # model = torch.compile(model) / model.compile()
         if module.training and torch.is_grad_enabled():
             self.train_forwards += 1
         if self.opt_depth > 0:
@@ -300,6 +305,8 @@ class TorchHooks:
             if self.primary_opt is None:
                 self.primary_opt = weakref.ref(opt)
             _ranges._enter(_NAMES["optimizer"], _IDS["optimizer"])
+            if self.module_sampler is not None:
+                self.module_sampler.optimizer_enter()
         except Exception as e:  # noqa: BLE001
             self._internal_error("an optimizer step pre-hook", e)
 
@@ -311,6 +318,8 @@ class TorchHooks:
             if self.opt_depth > 0:
                 return
             _ranges._exit(_NAMES["optimizer"], _IDS["optimizer"])
+            if self.module_sampler is not None:
+                self.module_sampler.optimizer_exit()
             primary = self.primary_opt is not None and self.primary_opt() is opt
             if not primary or self.prof.step_on not in ("optimizer", "auto"):
                 return
@@ -564,6 +573,8 @@ class TorchHooks:
             for _ in range(self.opt_depth):
                 _ranges._exit(_NAMES["optimizer"], _IDS["optimizer"])
             self.opt_depth = 0
+            if self.module_sampler is not None:
+                self.module_sampler.optimizer_exit()
         # Not inside a forward (an optimizer stepped from a module's forward): the forward's
         # post hook ends discovery then.
         if self.discovery and self.steps_seen >= DISCOVERY_STEPS and self.depth == 0:
@@ -670,6 +681,7 @@ class TorchHooks:
             torch_threads=torch.get_num_threads(),
             loader_workers=self.loader_workers,
             loader_cpu_s=self.loader_cpu.per_step_s(),
+            model_compiled=self.model_compiled,
         )
 
 

@@ -32,6 +32,7 @@ from .facts import (
     _phase_s,
     _share,
     _step_s,
+    compile_unavailable,
 )
 from .summary import PHASES, Finding, RunFacts, StepSummary
 
@@ -115,6 +116,17 @@ PROBE_MIN_GAIN = 0.10
 # more than the other cores busy (threads_estimate). Linear scaling: a planning figure above one
 # thread. Without the loader's CPU time, the best case (the workers leave those cores free): the
 # demo's baseline estimated 61 and 37 ms where --verify measured -5 and 27 ms.
+
+# torch.compile (inductor) fuses chains of pointwise ops (attribution.POINTWISE_OPS) into one
+# kernel each: one pass over memory and one dispatch instead of one per op. The rule fires when
+# those ops are at least 15 % of forward+backward's operator time in the sampled step (our
+# choice: below it the fusion's gain is within a step's noise), and assumes the fused kernels
+# take half the pointwise ops' time: a planning figure (a chain of k ops that each read and write
+# the tensor becomes one read and one write, but the matmuls / convs and what cannot be fused
+# stay as they are, and inductor's CPU kernels are not always faster than ATen's). --verify
+# measures it, the compiling steps left out and their time reported apart.
+COMPILE_MIN_POINTWISE_SHARE = 0.15
+COMPILE_POINTWISE_LEFT = 0.5
 
 # cudnn.benchmark picks the fastest conv algorithm per shape once; with fixed shapes that saves
 # ~10 % of forward+backward on conv nets. Planning figure (brief).
@@ -616,6 +628,53 @@ def _cudnn_benchmark(summary: Any, facts: Any) -> List[Finding]:
     ]
 
 
+def _compile(summary: Any, facts: Any) -> List[Finding]:
+    """Forward+backward a large part of the step and many of their ops pointwise (fused by
+    torch.compile's inductor); quiet when the model already runs compiled."""
+    att = getattr(facts, "attribution", None)
+    pointwise = att.pointwise_share() if hasattr(att, "pointwise_share") else None
+    if pointwise is None or pointwise < COMPILE_MIN_POINTWISE_SHARE:
+        return []
+    if getattr(facts, "model_compiled", False) or getattr(att, "compiled", False):
+        return []
+    share, t = _compute(summary)
+    if share < AMP_MIN_COMPUTE_SHARE or t < MIN_PHASE_S:
+        return []
+    device = "cuda" if _cuda(facts) else "cpu"
+    step = _step_s(summary)
+    top = ", ".join(f"{n} {_ms(x)}" for n, x in getattr(att, "pointwise_top", [])[:3])
+    seen = (
+        f"In the sampled step the pointwise ops took {_ms(att.pointwise_s)} of forward+backward's "
+        f"{_ms(att.model_op_s)} of operator time ({_pct(pointwise)}"
+        + (f"; {top}" if top else "")
+        + ")."
+    )
+    why = getattr(facts, "compile_unavailable", None)
+    if why is None:
+        why = compile_unavailable(device)
+    if why:
+        title = "torch.compile would fuse the pointwise ops, but it cannot run here"
+        fix = f"make torch.compile available ({why}), then model = torch.compile(model)"
+        return [_estimated("compile_unavailable", "info", title, fix, seen, step, None)]
+    saved = t * pointwise * (1 - COMPILE_POINTWISE_LEFT)
+    title = (
+        f"pointwise ops are {_pct(pointwise)} of forward+backward's operator time, and "
+        f"forward+backward {_pct(share)} of the step ({_ms(t)}): eager PyTorch runs each "
+        "on its own"
+    )
+    fix = (
+        "model = torch.compile(model) after building it (inductor fuses each chain of "
+        "pointwise ops into one kernel); the first steps compile, which takes seconds to minutes"
+    )
+    detail = (
+        f"{seen} Estimate: the fused kernels are assumed to take {_pct(COMPILE_POINTWISE_LEFT)} "
+        f"of the pointwise time (a planning figure; matmuls and convolutions unchanged): "
+        f"forward+backward x(1 - {pointwise:.2f} x {1 - COMPILE_POINTWISE_LEFT:g}) "
+        f"({_ms(t)} -> {_ms(t - saved)}). --verify measures it, compile time apart."
+    )
+    return [_estimated("compile", "warning", title, fix, detail, step, saved)]
+
+
 def _idle(facts: Any) -> Optional[float]:
     x = getattr(facts, "gpu_idle_share", None)
     if x is None:
@@ -839,6 +898,7 @@ def _breakdown(summary: Any, facts: Any) -> List[Finding]:
             _amp,
             _channels_last_cpu,
             _cpu_threads,
+            _compile,
             _cudnn_benchmark,
             _launch_bound,
             _contention,
