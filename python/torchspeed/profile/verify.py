@@ -37,6 +37,8 @@ class VerifyRow:
     #: torch.compile's trial: seconds the compiling steps took above the median step (those
     #: steps are left out of its medians), over the first round's run; None for other fixes.
     compile_s: Optional[float] = None
+    #: Why torch.compile failed in the trial ("" when it did not): the row then measures eager.
+    compile_error: str = ""
 
 
 #: The phases each fix acts on: its estimate is about their time.
@@ -222,8 +224,9 @@ COMPILE_BACKEND = "inductor"
 #: first calls still run slow (measured on a small MLP on this CPU: the 2 calls after the
 #: compiling one took ~100x a steady one).
 COMPILE_SETTLE_STEPS = 2
-#: What the last compiled_model run measured, for verify(): {"compile_s": s, "steps": n}.
-last_compile: Dict[str, float] = {}
+#: What the last CompiledModel run measured, for verify(): {"compile_s": s, "steps": n,
+#: "error": why torch.compile failed ("" when it did not)}.
+last_compile: Dict[str, Any] = {}
 
 
 def _compile_count() -> int:
@@ -232,7 +235,7 @@ def _compile_count() -> int:
     return sum(counters["stats"].values())
 
 
-class compiled_model:
+class CompiledModel:
     """Each outermost module forward in training mode runs through torch.compile, as
     ``model = torch.compile(model)`` in the script would: its bound forward is compiled and set
     on the module (from its second call: the first has started when the hook runs), removed on
@@ -240,12 +243,13 @@ class compiled_model:
     the run's summary (StepProfiler.excluded_steps); on exit last_compile holds their time above
     the median of the other steps."""
 
-    def __init__(self, backend: Optional[str] = None):
+    def __init__(self, backend: Any = None):  # a backend name or callable (torch.compile)
         self.backend = backend or COMPILE_BACKEND
         self.state = {"depth": 0}
         self.patched: List[Any] = []
         self.prof = None
         self.steps: List[int] = []
+        self.error = ""  # why torch.compile failed, when it did
         self._stack: Optional[contextlib.ExitStack] = None
 
     def _mark(self) -> None:
@@ -261,11 +265,23 @@ class compiled_model:
         prof.excluded_steps.extend(new)
 
     def _compile(self, module: Any) -> None:
-        compiled = torch.compile(module.forward, backend=self.backend)
+        from torch._dynamo.exc import TorchDynamoException
+
+        eager = module.forward
+        compiled = torch.compile(eager, backend=self.backend)
 
         def forward(*args, **kwargs):
+            if self.error:
+                return eager(*args, **kwargs)
             before = _compile_count()
-            out = compiled(*args, **kwargs)
+            try:
+                out = compiled(*args, **kwargs)
+            except TorchDynamoException as e:
+                # torch.compile failed on this model: the trial runs on eagerly and says so
+                # (an error from the script's own code is not a TorchDynamoException).
+                lines = str(e).strip().splitlines()
+                self.error = f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+                return eager(*args, **kwargs)
             if _compile_count() != before:
                 self._mark()
             return out
@@ -291,7 +307,7 @@ class compiled_model:
         if not torch.compiler.is_compiling():
             self.state["depth"] -= 1
 
-    def __enter__(self) -> compiled_model:
+    def __enter__(self) -> CompiledModel:
         last_compile.clear()
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(_global_forward_hooks(self._pre, self._post))
@@ -311,7 +327,7 @@ class compiled_model:
             rest = [x for k, x in enumerate(h.step_ns) if k not in idx and k >= self.prof.warmup]
             typical = statistics.median(rest) if rest else 0.0
             extra = sum(max(h.step_ns[k] - typical, 0.0) for k in idx) / 1e9
-        last_compile.update(compile_s=extra, steps=float(len(self.steps)))
+        last_compile.update(compile_s=extra, steps=float(len(self.steps)), error=self.error)
         return False
 
 
@@ -379,7 +395,7 @@ def _fixes(findings: List[Finding], facts: Any) -> List[tuple]:
     if "cudnn_benchmark" in rules:
         out.append(("cudnn.benchmark", "cudnn_benchmark", cudnn_benchmark, True))
     if "compile" in rules:
-        out.append(("torch.compile(model)", "compile", compiled_model, True))
+        out.append(("torch.compile(model)", "compile", CompiledModel, True))
     if "cpu_threads" in rules:
         from .rules import advised_threads
 
@@ -477,12 +493,15 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
     bases = [base]
     trials: List[list] = []  # [round][fix] -> (summary, losses, ...)
     compile_s: Dict[int, float] = {}  # fix -> the first round's compile time
+    compile_error: Dict[int, str] = {}  # fix -> why torch.compile failed (any round)
 
     def trial(i: int, make: Callable) -> tuple:
         last_compile.clear()
         out = run_steps(make(), False)
         if "compile_s" in last_compile and i not in compile_s:
             compile_s[i] = last_compile["compile_s"]
+        if last_compile.get("error"):
+            compile_error.setdefault(i, last_compile["error"])
         return out
 
     for r in range(max(1, rounds)):
@@ -527,6 +546,7 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
                 phases,
                 advised,
                 compile_s.get(i),
+                compile_error.get(i, ""),
             )
         )
     rows.append(VerifyRow("as the script is, again", "", None, bases[-1].step_median_s, 0.0, 0.0))
@@ -560,7 +580,12 @@ def format_rows(rows: List[VerifyRow], steps: int, rounds: int = 1) -> str:
             f"{'+'.join(r.phases) or '-'}"
         )
     for r in rows:
-        if r.compile_s is not None:
+        if r.compile_error:
+            lines.append(
+                f"  {r.fix}: torch.compile failed ({r.compile_error}); the run went on eagerly, "
+                "so its row measures no fix"
+            )
+        elif r.compile_s is not None:
             lines.append(
                 f"  {r.fix}: the compiling steps took {r.compile_s:.1f} s above a typical step "
                 "(left out of its medians, with the steps right after them)"

@@ -257,7 +257,7 @@ class _Chain(nn.Module):
 
 
 def _compiled_losses(steps, trial):
-    """Losses of `steps` steps of _Chain under the doctor, with `trial` (a compiled_model or
+    """Losses of `steps` steps of _Chain under the doctor, with `trial` (a CompiledModel or
     None) around it; the profiler and the model's own attributes seen inside."""
     import io
 
@@ -285,7 +285,7 @@ def _compiled_losses(steps, trial):
 def test_compile_trial_compiles_the_forward_leaves_the_compiling_steps_out_and_restores():
     torch._dynamo.reset()
     ref, _ = _compiled_losses(8, None)
-    trial = verify.compiled_model(backend="eager")
+    trial = verify.CompiledModel(backend="eager")
     losses, inside = _compiled_losses(8, trial)
     # "eager": dynamo's captured graph run by ATen, the same ops: the same losses.
     assert losses == ref
@@ -307,11 +307,27 @@ def test_compile_trial_leaves_a_model_the_script_compiled_alone():
     torch._dynamo.reset()
     model = _Chain()
     compiled = torch.compile(model, backend="eager")
-    with verify.compiled_model(backend="eager") as trial:
+    with verify.CompiledModel(backend="eager") as trial:
         with _doctor.doctor(out=None, progress=False, file=io.StringIO(), probe=False):
             for _ in range(3):
                 compiled(torch.randn(8, 16)).sum().backward()
         assert trial.patched == [] and "forward" not in vars(model)
+    torch._dynamo.reset()
+
+
+def test_compile_trial_that_fails_to_compile_runs_on_eagerly_and_says_why():
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("no kernels today")
+
+    torch._dynamo.reset()
+    ref, _ = _compiled_losses(6, None)
+    trial = verify.CompiledModel(backend=broken_backend)
+    losses, inside = _compiled_losses(6, trial)
+    assert losses == ref and inside["excluded"] == []
+    assert "BackendCompilerFailed" in trial.error and verify.last_compile["error"] == trial.error
+    row = verify.VerifyRow("torch.compile(model)", "compile", 0.01, 0.1, 0.0, 0.0,
+                           compile_s=0.0, compile_error=trial.error)  # fmt: skip
+    assert "torch.compile failed (BackendCompilerFailed" in verify.format_rows([row], 6)
     torch._dynamo.reset()
 
 
@@ -361,7 +377,7 @@ def test_compile_trial_with_inductor_matches_eager_losses(monkeypatch):
         pytest.skip(f"torch.compile unavailable: {compile_unavailable('cpu')}")
     torch._dynamo.reset()
     ref, _ = _compiled_losses(6, None)
-    losses, inside = _compiled_losses(6, verify.compiled_model(backend="inductor"))
+    losses, inside = _compiled_losses(6, verify.CompiledModel(backend="inductor"))
     torch.testing.assert_close(losses, ref, rtol=1e-4, atol=1e-6)
     assert inside["patched"] and not inside["after"] and inside["excluded"]
     assert verify.last_compile["compile_s"] > 0
