@@ -117,16 +117,19 @@ PROBE_MIN_GAIN = 0.10
 # thread. Without the loader's CPU time, the best case (the workers leave those cores free): the
 # demo's baseline estimated 61 and 37 ms where --verify measured -5 and 27 ms.
 
-# torch.compile (inductor) fuses chains of pointwise ops (attribution.POINTWISE_OPS) into one
-# kernel each: one pass over memory and one dispatch instead of one per op. The rule fires when
-# those ops are at least 15 % of forward+backward's operator time in the sampled step (our
-# choice: below it the fusion's gain is within a step's noise), and assumes the fused kernels
-# take half the pointwise ops' time: a planning figure (a chain of k ops that each read and write
-# the tensor becomes one read and one write, but the matmuls / convs and what cannot be fused
-# stay as they are, and inductor's CPU kernels are not always faster than ATen's). --verify
-# measures it, the compiling steps left out and their time reported apart.
-COMPILE_MIN_POINTWISE_SHARE = 0.15
-COMPILE_POINTWISE_LEFT = 0.5
+# torch.compile (inductor) generates its own kernels for the pointwise, normalization, softmax and
+# pooling ops (attribution.is_fusable) and fuses each chain of them into one: one pass over memory
+# and one dispatch instead of one per op; convolutions and matmuls stay ATen / oneDNN calls. The
+# rule fires when the fusable ops are at least 15 % of forward+backward's operator time in the
+# recorded step (our choice: below it the gain is within a step's noise), and assumes the fused
+# kernels take half of those ops' time: a planning figure. On the demo's SmallResNet (batch 64,
+# 64 px, synthetic data, 1 thread, a loaded 2-core machine; bench/RESULTS.md) the doctor saw the
+# fusable ops at 47-52 % (max pool, BatchNorm forward and backward, ReLU's backward) and estimated
+# 11.1 / 18.4 / 19.8 ms where compiling measured 12.3 / 20.4 / 41.0 ms (the last against a
+# disturbed eager run). --verify measures it, the compiling steps left out and their time
+# reported apart.
+COMPILE_MIN_FUSABLE_SHARE = 0.15
+COMPILE_FUSED_LEFT = 0.5
 
 # cudnn.benchmark picks the fastest conv algorithm per shape once; with fixed shapes that saves
 # ~10 % of forward+backward on conv nets. Planning figure (brief).
@@ -629,11 +632,11 @@ def _cudnn_benchmark(summary: Any, facts: Any) -> List[Finding]:
 
 
 def _compile(summary: Any, facts: Any) -> List[Finding]:
-    """Forward+backward a large part of the step and many of their ops pointwise (fused by
-    torch.compile's inductor); quiet when the model already runs compiled."""
+    """Forward+backward a large part of the step and many of their ops ones torch.compile fuses
+    (pointwise, normalization, softmax, pooling); quiet when the model already runs compiled."""
     att = getattr(facts, "attribution", None)
-    pointwise = att.pointwise_share() if hasattr(att, "pointwise_share") else None
-    if pointwise is None or pointwise < COMPILE_MIN_POINTWISE_SHARE:
+    fusable = att.fusable_share() if hasattr(att, "fusable_share") else None
+    if fusable is None or fusable < COMPILE_MIN_FUSABLE_SHARE:
         return []
     if getattr(facts, "model_compiled", False) or getattr(att, "compiled", False):
         return []
@@ -642,34 +645,34 @@ def _compile(summary: Any, facts: Any) -> List[Finding]:
         return []
     device = "cuda" if _cuda(facts) else "cpu"
     step = _step_s(summary)
-    top = ", ".join(f"{n} {_ms(x)}" for n, x in getattr(att, "pointwise_top", [])[:3])
+    top = ", ".join(f"{n} {_ms(x)}" for n, x in getattr(att, "fusable_top", [])[:3])
     seen = (
-        f"In the sampled step the pointwise ops took {_ms(att.pointwise_s)} of forward+backward's "
-        f"{_ms(att.model_op_s)} of operator time ({_pct(pointwise)}"
-        + (f"; {top}" if top else "")
-        + ")."
+        "In the sampled step the ops torch.compile fuses (pointwise, normalization, softmax, "
+        f"pooling) took {_ms(att.fusable_s)} of forward+backward's {_ms(att.model_op_s)} of "
+        f"operator time ({_pct(fusable)}" + (f"; {top}" if top else "") + ")."
     )
     why = getattr(facts, "compile_unavailable", None)
     if why is None:
         why = compile_unavailable(device)
     if why:
-        title = "torch.compile would fuse the pointwise ops, but it cannot run here"
+        title = "torch.compile would fuse the model's elementwise ops, but it cannot run here"
         fix = f"make torch.compile available ({why}), then model = torch.compile(model)"
         return [_estimated("compile_unavailable", "info", title, fix, seen, step, None)]
-    saved = t * pointwise * (1 - COMPILE_POINTWISE_LEFT)
+    saved = t * fusable * (1 - COMPILE_FUSED_LEFT)
     title = (
-        f"pointwise ops are {_pct(pointwise)} of forward+backward's operator time, and "
+        f"ops torch.compile fuses are {_pct(fusable)} of forward+backward's operator time, and "
         f"forward+backward {_pct(share)} of the step ({_ms(t)}): eager PyTorch runs each "
         "on its own"
     )
     fix = (
         "model = torch.compile(model) after building it (inductor fuses each chain of "
-        "pointwise ops into one kernel); the first steps compile, which takes seconds to minutes"
+        "elementwise, normalization and pooling ops into one kernel); the first steps compile, "
+        "which takes seconds to minutes"
     )
     detail = (
-        f"{seen} Estimate: the fused kernels are assumed to take {_pct(COMPILE_POINTWISE_LEFT)} "
-        f"of the pointwise time (a planning figure; matmuls and convolutions unchanged): "
-        f"forward+backward x(1 - {pointwise:.2f} x {1 - COMPILE_POINTWISE_LEFT:g}) "
+        f"{seen} Estimate: the fused kernels are assumed to take {_pct(COMPILE_FUSED_LEFT)} of "
+        f"those ops' time (a planning figure; convolutions and matmuls unchanged): "
+        f"forward+backward x(1 - {fusable:.2f} x {1 - COMPILE_FUSED_LEFT:g}) "
         f"({_ms(t)} -> {_ms(t - saved)}). --verify measures it, compile time apart."
     )
     return [_estimated("compile", "warning", title, fix, detail, step, saved)]

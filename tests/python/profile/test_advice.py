@@ -618,31 +618,31 @@ def test_clip_grad_norm_calls_suggest_the_optimizers_max_grad_norm():
 
 
 # ---- torch.compile ----------------------------------------------------------------------------
-def _att(model_op_s=0.050, pointwise_s=0.020, compiled=False):
+def _att(model_op_s=0.050, fusable_s=0.020, compiled=False):
     from torchspeed.profile.attribution import Attribution
 
     top = [("aten::gelu", 0.012), ("aten::add_", 0.008)]
-    return Attribution(0.1, [], [], 0.1, model_op_s, pointwise_s, top, compiled)
+    return Attribution(0.1, [], [], 0.1, model_op_s, fusable_s, top, compiled)
 
 
-def test_compile_fires_on_pointwise_heavy_compute_with_the_stated_estimate():
+def test_compile_fires_on_fusable_heavy_compute_with_the_stated_estimate():
     s = make_summary(step_s=0.100, phase_s={"forward": 0.030, "backward": 0.050})
     f = _by_rule(advise(s, RunFacts(attribution=_att(), compile_unavailable="")))["compile"]
-    # forward+backward 80 ms; pointwise 20 of 50 ms of op time (40 %); fusion leaves half of it.
-    assert f.est_gain_s == pytest.approx(0.080 * 0.4 * (1 - rules.COMPILE_POINTWISE_LEFT), rel=REL)
+    # forward+backward 80 ms; fusable ops 20 of 50 ms of op time (40 %); fusion leaves half.
+    assert f.est_gain_s == pytest.approx(0.080 * 0.4 * (1 - rules.COMPILE_FUSED_LEFT), rel=REL)
     assert f.est_step_s == pytest.approx(0.100 - f.est_gain_s, rel=REL)
     assert "model = torch.compile(model)" in f.fix and "40%" in f.title
     assert "aten::gelu 12.0 ms" in f.detail and "planning figure" in f.detail
     assert "80.0 ms -> 64.0 ms" in f.detail
 
 
-def test_compile_is_quiet_when_compiled_or_few_pointwise_ops_or_little_compute():
+def test_compile_is_quiet_when_compiled_or_few_fusable_ops_or_little_compute():
     s = make_summary(step_s=0.100, phase_s={"forward": 0.030, "backward": 0.050})
     small = make_summary(step_s=0.100, phase_s={"forward": 0.010, "backward": 0.015})
     for summary, facts in (
         (s, RunFacts(attribution=_att(compiled=True), compile_unavailable="")),
         (s, RunFacts(attribution=_att(), model_compiled=True, compile_unavailable="")),
-        (s, RunFacts(attribution=_att(pointwise_s=0.007), compile_unavailable="")),  # 14 %
+        (s, RunFacts(attribution=_att(fusable_s=0.007), compile_unavailable="")),  # 14 %
         (s, RunFacts(attribution=_att(model_op_s=None), compile_unavailable="")),  # not sampled
         (s, RunFacts(compile_unavailable="")),  # no attribution
         (small, RunFacts(attribution=_att(), compile_unavailable="")),  # compute 25 % of the step
@@ -650,7 +650,7 @@ def test_compile_is_quiet_when_compiled_or_few_pointwise_ops_or_little_compute()
         out = _by_rule(advise(summary, facts))
         assert "compile" not in out and "compile_unavailable" not in out
     # At the threshold it fires.
-    facts = RunFacts(attribution=_att(pointwise_s=0.0075), compile_unavailable="")
+    facts = RunFacts(attribution=_att(fusable_s=0.0075), compile_unavailable="")
     assert "compile" in _by_rule(advise(s, facts))
 
 

@@ -1,6 +1,6 @@
 """Where the time goes inside forward and backward (torchspeed.profile.attribution): the share of
-pointwise ops in the model's operator time, with the optimizer's ops left out, and compiled code
-recognised, on real profiled loops."""
+the ops torch.compile fuses (pointwise, normalization, softmax, pooling) in the model's operator
+time, with the optimizer's ops left out, and compiled code recognised, on real profiled loops."""
 
 import io
 
@@ -35,11 +35,13 @@ def _profiled(model, x, opt, steps=6, loss=lambda out: out.square().mean()):
     return facts.attribution, facts
 
 
-def test_pointwise_ops_classified_by_name():
+def test_fusable_ops_classified_by_name():
     for name in ("aten::add", "aten::add_", "aten::gelu_backward", "aten::copy_", "aten::where"):
-        assert att_mod.is_pointwise(name), name
-    for name in ("aten::mm", "aten::addmm", "aten::convolution", "add", "aten::native_layer_norm"):
-        assert not att_mod.is_pointwise(name), name
+        assert att_mod.is_pointwise(name) and att_mod.is_fusable(name), name
+    for name in ("aten::native_batch_norm", "aten::_log_softmax", "aten::max_pool2d_with_indices"):
+        assert att_mod.is_fusable(name) and not att_mod.is_pointwise(name), name
+    for name in ("aten::mm", "aten::addmm", "aten::mkldnn_convolution", "add", "aten::empty"):
+        assert not att_mod.is_fusable(name), name
 
 
 def test_a_pointwise_chain_is_most_of_the_model_op_time():
@@ -47,11 +49,11 @@ def test_a_pointwise_chain_is_most_of_the_model_op_time():
     model = _Pointwise()
     att, _ = _profiled(model, torch.randn(64, 16), torch.optim.SGD(model.parameters(), lr=0.1))
     assert att is not None and att.model_op_s and att.model_op_s > 0
-    assert att.pointwise_share() > 0.5, att.format()
-    names = [n for n, _ in att.pointwise_top]
+    assert att.fusable_share() > 0.5, att.format()
+    names = [n for n, _ in att.fusable_top]
     assert any(n in ("aten::tanh", "aten::tanh_backward", "aten::mul", "aten::add") for n in names)
     assert not att.compiled
-    assert "pointwise ops:" in att.format()
+    assert "ops torch.compile fuses" in att.format()
 
 
 def test_the_optimizers_pointwise_ops_are_not_the_models(monkeypatch):
@@ -68,7 +70,7 @@ def test_the_optimizers_pointwise_ops_are_not_the_models(monkeypatch):
     def run():
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, foreach=False)
         att, _ = _profiled(model, x, opt, loss=lambda out: out.sum())
-        return {n for n, _ in att.pointwise_top}
+        return {n for n, _ in att.fusable_top}
 
     optimizer_ops = {"aten::add_", "aten::mul_"}
     assert not run() & optimizer_ops
