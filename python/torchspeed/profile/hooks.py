@@ -581,8 +581,10 @@ class TorchHooks:
             self.discovery = False
         if self.module_sampler is not None:
             self.module_sampler.on_step(self.steps_seen)
-        # Counted over the steps the summary keeps (after the warmup).
-        self.loader_cpu.sample(counting=self.steps_seen >= getattr(self.prof, "warmup", 0))
+        # Counted over the steps the summary keeps (after the warmup); only once a loader was
+        # seen (a read of /proc costs ~35 µs a step).
+        if self.loader_workers or self.loader_cpu.pids or self.loaders.items():
+            self.loader_cpu.sample(counting=self.steps_seen >= getattr(self.prof, "warmup", 0))
 
     # ---- facts ------------------------------------------------------------------------------
     def _attribution(self, models: List[Any]):
