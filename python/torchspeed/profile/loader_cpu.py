@@ -14,7 +14,7 @@ once per step.
 from __future__ import annotations
 
 import os
-from typing import Dict, Iterable, Optional, Set
+from typing import Dict, Iterable, Optional, Set, Tuple
 
 #: The name torchspeed's C++ loader gives its worker threads (pthread_setname_np).
 LOADER_THREAD_NAME = "ts-loader"
@@ -54,7 +54,7 @@ class LoaderCpu:
         self.available = os.path.isdir(os.path.join(proc, "self", "task"))
         self.pids: Set[int] = set()
         self._fresh: Set[int] = set()  # pids added while counting: all their CPU is the window's
-        self._last: Dict[str, float] = {}
+        self._last: Dict[Tuple[str, object], float] = {}  # ("pid", pid) / ("thread", path)
         self._threads: Dict[str, bool] = {}  # tid -> named LOADER_THREAD_NAME
         self.total_s = 0.0
         self.steps = 0
@@ -94,19 +94,19 @@ class LoaderCpu:
         step. A process or thread that ended between two samples loses its last interval."""
         if not self.available:
             return
-        now: Dict[str, float] = {}
+        now: Dict[Tuple[str, object], float] = {}
         for pid in self.pids:
             v = stat_cpu_s(os.path.join(self.proc, str(pid), "stat"))
             if v is not None:
-                now[f"p{pid}"] = v
+                now[("pid", pid)] = v
         for path in self._loader_threads():
             v = stat_cpu_s(path)
             if v is not None:
-                now[path] = v
+                now[("thread", path)] = v
         if counting and self.counting:
             for key, v in now.items():
                 before = self._last.get(key)
-                if before is None and key[0] == "p" and int(key[1:]) in self._fresh:
+                if before is None and key[0] == "pid" and key[1] in self._fresh:
                     before = 0.0
                 if before is not None:
                     self.total_s += max(v - before, 0.0)
