@@ -286,6 +286,7 @@ class CompiledModel:
                 self._mark()
             return out
 
+        forward._torchspeed_compile_trial = True
         module.forward = forward
         self.patched.append(module)
 
@@ -311,6 +312,18 @@ class CompiledModel:
         last_compile.clear()
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(_global_forward_hooks(self._pre, self._post))
+        # The script's deepcopy / pickle / torch.save of the model must not carry the trial's
+        # forward (a copy would run the original's weights): dropped from the state, as torch
+        # drops its own _compiled_call_impl.
+        orig = torch.nn.Module.__getstate__
+
+        def __getstate__(module):
+            state = orig(module)
+            if getattr(state.get("forward"), "_torchspeed_compile_trial", False):
+                state.pop("forward")
+            return state
+
+        self._stack.enter_context(_patched(torch.nn.Module, "__getstate__", __getstate__))
         return self
 
     def __exit__(self, *exc) -> bool:

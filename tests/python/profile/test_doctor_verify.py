@@ -301,6 +301,31 @@ def test_compile_trial_compiles_the_forward_leaves_the_compiling_steps_out_and_r
     torch._dynamo.reset()
 
 
+def test_a_copy_or_pickle_of_the_model_during_the_compile_trial_is_the_plain_model():
+    """A script that deep-copies (an EMA, a best-model copy) or pickles its model mid-run: the
+    copy has no trial forward (it would run the original's weights) and pickles."""
+    import copy
+    import io
+    import pickle
+
+    torch._dynamo.reset()
+    model = _Chain()
+    with verify.CompiledModel(backend="eager"):
+        with _doctor.doctor(out=None, progress=False, file=io.StringIO(), probe=False):
+            for _ in range(3):
+                model(torch.randn(8, 16)).sum().backward()
+            assert "forward" in vars(model)
+            twin = copy.deepcopy(model)
+            thawed = pickle.loads(pickle.dumps(model))
+    assert "forward" not in vars(twin) and "forward" not in vars(thawed)
+    with torch.no_grad():
+        twin.proj.weight.add_(1.0)
+        x = torch.randn(8, 16)
+        assert not torch.equal(twin(x), model(x))  # the copy runs its own weights
+        torch.testing.assert_close(thawed(x), model(x), rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
 def test_compile_trial_leaves_a_model_the_script_compiled_alone():
     import io
 
