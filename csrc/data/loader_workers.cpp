@@ -4,6 +4,10 @@
 #include <cstring>
 #include <memory>
 
+#ifdef __linux__
+#include <pthread.h>
+#endif
+
 #include "core/utf8.h"
 #include "data/loader_impl.h"
 #include "torchspeed/profile/profile.h"
@@ -59,6 +63,11 @@ bool Loader::Impl::has_work_locked() const {
 }
 
 void Loader::Impl::worker_loop() {
+#ifdef __linux__
+  // Named so tools (top -H, py-spy) and the doctor (profile/loader_cpu.py, which reads this
+  // thread's CPU time from /proc) tell the loader's threads from torch's intra-op threads.
+  pthread_setname_np(pthread_self(), "ts-loader");
+#endif
   std::unique_lock<std::mutex> lk(mu);
   StageTimes times;
   while (true) {

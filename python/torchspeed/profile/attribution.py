@@ -29,6 +29,38 @@ FIRST_SAMPLED_STEP = 1
 MODULE_STEPS = 2
 #: Rows printed per table.
 TOP = 5
+#: Elementwise (pointwise) aten ops, trailing "_" stripped: each reads and writes its tensors once
+#: per op in eager mode, where torch.compile's inductor fuses a chain of them into one kernel
+#: (one pass over memory, one dispatch).
+POINTWISE_OPS = frozenset(
+    """add sub rsub mul div neg reciprocal abs sign exp log log1p sqrt rsqrt pow square sin cos
+    erf relu gelu silu sigmoid tanh hardtanh hardswish hardsigmoid leaky_relu elu softplus mish
+    threshold threshold_backward gelu_backward silu_backward sigmoid_backward tanh_backward
+    hardtanh_backward hardswish_backward leaky_relu_backward elu_backward softplus_backward
+    clamp clamp_min clamp_max where masked_fill maximum minimum eq ne lt le gt ge logical_not
+    addcmul addcdiv lerp native_dropout native_dropout_backward bernoulli fill zero copy
+    _to_copy clone""".split()
+)
+#: Normalization, softmax and pooling ops, forward and backward: inductor generates its own
+#: kernels for them too and fuses them with their pointwise neighbours (a BatchNorm + ReLU in
+#: training: one kernel per pass), where convolutions and matmuls stay ATen / oneDNN calls.
+#: With POINTWISE_OPS, the "fusable" ops of the compile rule.
+FUSED_REDUCTION_OPS = frozenset(
+    """native_batch_norm native_batch_norm_backward _native_batch_norm_legit
+    _native_batch_norm_legit_functional native_layer_norm native_layer_norm_backward
+    native_group_norm native_group_norm_backward _softmax _softmax_backward_data _log_softmax
+    _log_softmax_backward_data max_pool2d_with_indices max_pool2d_with_indices_backward
+    avg_pool2d avg_pool2d_backward _adaptive_avg_pool2d _adaptive_avg_pool2d_backward""".split()
+)
+#: Subtrees of the operator step that are not the model's forward and backward: the optimizer's
+#: step and zero_grad (torch.optim's record_function names) and the DataLoader's batch fetch.
+NOT_MODEL_ROOTS = ("Optimizer.", "enumerate(DataLoader)", "torchspeed.doctor.optimizer")
+#: The doctor's own mark around an optimizer step while operators are recorded: torch.optim's
+#: "Optimizer.step#..." range is still open when the step's post hook ends the recorded step,
+#: so torch.profiler drops it and the step's ops would read as the model's.
+OPTIMIZER_MARK = "torchspeed.doctor.optimizer"
+#: torch.profiler names of compiled code: the model already runs under torch.compile.
+COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFunction", "CompiledFxGraph")
 
 
 @dataclasses.dataclass
@@ -59,6 +91,20 @@ class Attribution:
     modules: List[ModuleTime]
     ops: List[OpTime]
     op_step_s: Optional[float] = None  # the operator step's time (None: not sampled)
+    #: The operator step's forward and backward (optimizer and batch fetch left out): the self
+    #: time of every op (seconds), of the ones torch.compile fuses (is_fusable), and the
+    #: largest of those by name; None when not sampled.
+    model_op_s: Optional[float] = None
+    fusable_s: Optional[float] = None
+    fusable_top: List[Tuple[str, float]] = dataclasses.field(default_factory=list)
+    #: Compiled code ran in the operator step (COMPILED_MARKS): torch.compile is in use.
+    compiled: bool = False
+
+    def fusable_share(self) -> Optional[float]:
+        """The fusable ops' share of the model's operator time in the sampled step."""
+        if not self.model_op_s or self.fusable_s is None:
+            return None
+        return self.fusable_s / self.model_op_s
 
     def dominant(self) -> Optional[ModuleTime]:
         return self.modules[0] if self.modules else None
@@ -81,6 +127,16 @@ class Attribution:
                 lines.append(
                     f"  {100 * o.share:5.1f}%  {1e3 * o.self_s:8.3f} ms  {o.name} {o.shapes}"
                 )
+        share = self.fusable_share()
+        if share is not None:
+            top = ", ".join(f"{n} {1e3 * t:.3f} ms" for n, t in self.fusable_top)
+            lines.append(
+                "ops torch.compile fuses (pointwise, normalization, softmax, pooling): "
+                f"{100 * share:.1f}% of forward+backward's operator time "
+                f"({1e3 * self.fusable_s:.3f} of {1e3 * self.model_op_s:.3f} ms"
+                + (f"; {top})" if top else ")")
+                + (", compiled code ran" if self.compiled else "")
+            )
         return "\n".join(lines)
 
 
@@ -100,6 +156,47 @@ def describe_module(m: Any) -> str:
     except Exception:  # noqa: BLE001 (a description is best effort)
         pass
     return t
+
+
+def is_pointwise(name: str) -> bool:
+    return name.startswith("aten::") and name[6:].rstrip("_") in POINTWISE_OPS
+
+
+def is_fusable(name: str) -> bool:
+    """An op inductor generates (and fuses) its own kernel for: pointwise, normalization,
+    softmax, pooling; not a convolution or matmul (those stay library calls)."""
+    return is_pointwise(name) or (name.startswith("aten::") and name[6:] in FUSED_REDUCTION_OPS)
+
+
+def model_op_times(events: Any) -> Tuple[float, float, List[Tuple[str, float]], bool]:
+    """(self seconds of every op, of the fusable ops (is_fusable), the largest fusable ops by
+    name, compiled code seen) over torch.profiler events, leaving out the subtrees under
+    NOT_MODEL_ROOTS (the optimizer, the batch fetch) and the ProfilerStep markers."""
+    total, fusable, compiled = 0.0, 0.0, False
+    by_name: Dict[str, float] = {}
+    for e in events:
+        name = str(e.name)
+        if any(m in name for m in COMPILED_MARKS):
+            compiled = True
+        if name.startswith("ProfilerStep"):
+            continue
+        parent, outside = e, False
+        for _ in range(256):  # bounded: a parent chain, never a cycle
+            if parent is None:
+                break
+            if str(parent.name).startswith(NOT_MODEL_ROOTS):
+                outside = True
+                break
+            parent = parent.cpu_parent
+        if outside:
+            continue
+        self_s = float(e.self_cpu_time_total) / 1e6  # µs
+        total += self_s
+        if is_fusable(name):
+            fusable += self_s
+            by_name[name] = by_name.get(name, 0.0) + self_s
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:3]
+    return total, fusable, top, compiled
 
 
 @contextlib.contextmanager
@@ -143,6 +240,8 @@ class ModuleSampler:
         self._ops: List[OpTime] = []
         self.op_step: Optional[int] = None  # the step torch.profiler recorded (run numbering)
         self._stopped_prof = None
+        self._model_ops: Optional[tuple] = None
+        self._opt_mark: Any = None
 
     # ---- module forwards (called from the global hooks) ------------------------------------
     def enter(self, module: Any) -> None:
@@ -165,6 +264,17 @@ class ModuleSampler:
         rec[2] += 1
         if self._stack:
             self._stack[-1][2] += total
+
+    # ---- the optimizer's ops, marked (called from the optimizer step hooks) -------------------
+    def optimizer_enter(self) -> None:
+        if self._torch_prof is not None and self._opt_mark is None:
+            self._opt_mark = torch.autograd.profiler.record_function(OPTIMIZER_MARK)
+            self._opt_mark.__enter__()
+
+    def optimizer_exit(self) -> None:
+        mark, self._opt_mark = self._opt_mark, None
+        if mark is not None:
+            mark.__exit__(None, None, None)
 
     # ---- steps ------------------------------------------------------------------------------
     def on_step(self, steps_seen: int) -> None:
@@ -201,6 +311,7 @@ class ModuleSampler:
         self._op_t0 = _P.now_ns()
 
     def _stop_ops(self) -> None:
+        self.optimizer_exit()
         prof, self._torch_prof = self._torch_prof, None
         with _native_stderr_silenced():
             prof.__exit__(None, None, None)
@@ -220,6 +331,7 @@ class ModuleSampler:
             rows.append(OpTime(e.key, shapes, self_ns / 1e9, self_ns / step_ns, int(e.count)))
         rows.sort(key=lambda o: -o.self_s)
         self._ops = rows[: TOP * 2]
+        self._model_ops = model_op_times(prof.events())
 
     def close(self) -> None:
         """Stops a torch.profiler left running (the run ended inside the operator step)."""
@@ -259,9 +371,14 @@ class ModuleSampler:
                 )
             )
         mods.sort(key=lambda m: -m.self_s)
+        model_s, fusable_s, top, compiled = self._model_ops or (None, None, [], False)
         return Attribution(
             step_s=step_ns / 1e9,
             modules=mods[: TOP * 2],
             ops=self._ops,
             op_step_s=self.op_step_ns / 1e9 if self.op_step_ns else None,
+            model_op_s=model_s,
+            fusable_s=fusable_s,
+            fusable_top=top,
+            compiled=compiled,
         )

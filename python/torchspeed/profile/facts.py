@@ -5,7 +5,10 @@ run cannot crash it. Also the run's objects: models unwrapped, loaders and optim
 
 from __future__ import annotations
 
+import functools
 import math
+import shutil
+import sys
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -220,3 +223,30 @@ def _optimizer_kind(opt: Any) -> Optional[str]:
     if foreach is None:
         return "default"
     return "foreach" if foreach else "for-loop"
+
+
+@functools.cache
+def compile_unavailable(device_type: str) -> str:
+    """Why torch.compile (inductor) cannot compile a model on this device here, "" when it can:
+    no torch.compile, a Python dynamo does not support, or on the CPU no C++ compiler for
+    inductor's kernels (it compiles C++ at the first step). Checked once per process."""
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile"
+    try:
+        import torch._dynamo as dynamo
+
+        if not dynamo.is_dynamo_supported():
+            v = sys.version_info
+            return f"torch.compile does not support Python {v.major}.{v.minor} in this torch"
+    except Exception as e:  # noqa: BLE001 (an import that fails is the answer)
+        return f"torch._dynamo failed to import ({type(e).__name__}: {e})"
+    if device_type == "cpu":
+        try:
+            from torch._inductor import cpp_builder
+
+            cxx = cpp_builder.get_cpp_compiler()
+        except Exception as e:  # noqa: BLE001
+            return f"inductor found no C++ compiler for the CPU ({type(e).__name__}: {e})"
+        if not shutil.which(str(cxx)):
+            return f"inductor's C++ compiler {cxx!r} is not on PATH (set CXX)"
+    return ""

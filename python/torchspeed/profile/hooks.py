@@ -21,6 +21,7 @@ from torch import nn
 from .. import _C
 from . import ranges as _ranges
 from .attribution import ModuleSampler
+from .loader_cpu import LoaderCpu
 from .summary import RunFacts
 
 _P = _C.profile
@@ -128,6 +129,9 @@ class TorchHooks:
         self.loaders = _WeakSet()
         # The most loader workers seen at once: the loaders may be gone when the rules run.
         self.loader_workers = 0
+        # The loader's CPU time per step (its worker processes and C++ threads, from /proc).
+        self.loader_cpu = LoaderCpu()
+        self.model_compiled = False
         self.train_forwards = 0  # outermost forwards in train mode with grad (micro-batches)
         self.autocast_used = False
         self.shapes: Dict[int, set] = {}
@@ -219,6 +223,10 @@ class TorchHooks:
     def _root_enter(self, module: nn.Module, args: tuple) -> None:
         self._candidate(at_forward=True)
         self.models.add(module)
+        if type(module).__name__ == "OptimizedModule" or getattr(
+            module, "_compiled_call_impl", None
+        ):
+            self.model_compiled = True  # model = torch.compile(model) / model.compile()
         if module.training and torch.is_grad_enabled():
             self.train_forwards += 1
         if self.opt_depth > 0:
@@ -297,6 +305,8 @@ class TorchHooks:
             if self.primary_opt is None:
                 self.primary_opt = weakref.ref(opt)
             _ranges._enter(_NAMES["optimizer"], _IDS["optimizer"])
+            if self.module_sampler is not None:
+                self.module_sampler.optimizer_enter()
         except Exception as e:  # noqa: BLE001
             self._internal_error("an optimizer step pre-hook", e)
 
@@ -308,6 +318,8 @@ class TorchHooks:
             if self.opt_depth > 0:
                 return
             _ranges._exit(_NAMES["optimizer"], _IDS["optimizer"])
+            if self.module_sampler is not None:
+                self.module_sampler.optimizer_exit()
             primary = self.primary_opt is not None and self.primary_opt() is opt
             if not primary or self.prof.step_on not in ("optimizer", "auto"):
                 return
@@ -398,7 +410,13 @@ class TorchHooks:
         def make_iter(orig):
             def __iter__(loader):
                 hooks.saw_loader(loader)
-                return orig(loader)
+                it = orig(loader)
+                try:  # torch's multiprocessing iterator: its worker processes
+                    workers = getattr(it, "_workers", None) or []
+                    hooks.loader_cpu.add_workers([getattr(w, "pid", None) for w in workers])
+                except Exception as e:  # noqa: BLE001 (the profiler's error, not the script's)
+                    hooks._internal_error("the DataLoader iterator hook", e)
+                return it
 
             return __iter__
 
@@ -555,12 +573,18 @@ class TorchHooks:
             for _ in range(self.opt_depth):
                 _ranges._exit(_NAMES["optimizer"], _IDS["optimizer"])
             self.opt_depth = 0
+            if self.module_sampler is not None:
+                self.module_sampler.optimizer_exit()
         # Not inside a forward (an optimizer stepped from a module's forward): the forward's
         # post hook ends discovery then.
         if self.discovery and self.steps_seen >= DISCOVERY_STEPS and self.depth == 0:
             self.discovery = False
         if self.module_sampler is not None:
             self.module_sampler.on_step(self.steps_seen)
+        # Counted over the steps the summary keeps (after the warmup); only once a loader was
+        # seen (a read of /proc costs ~35 µs a step).
+        if self.loader_workers or self.loader_cpu.pids or self.loaders.items():
+            self.loader_cpu.sample(counting=self.steps_seen >= getattr(self.prof, "warmup", 0))
 
     # ---- facts ------------------------------------------------------------------------------
     def _attribution(self, models: List[Any]):
@@ -658,6 +682,8 @@ class TorchHooks:
             probes=dict(self._probe(models, device_type)) if self.probe else {},
             torch_threads=torch.get_num_threads(),
             loader_workers=self.loader_workers,
+            loader_cpu_s=self.loader_cpu.per_step_s(),
+            model_compiled=self.model_compiled,
         )
 
 

@@ -32,6 +32,7 @@ from .facts import (
     _phase_s,
     _share,
     _step_s,
+    compile_unavailable,
 )
 from .summary import PHASES, Finding, RunFacts, StepSummary
 
@@ -110,7 +111,25 @@ PROBE_MIN_GAIN = 0.10
 # far more than the CPU the loader takes. Measured on the demo's fixes run (2 cores, 2 C++ decode
 # threads, bench/RESULTS.md): 2 torch threads 53.9 ms per step, 1 thread 35.0 ms. The estimate:
 # forward+backward at the probe's one-thread time (x the bf16 ratio when the run used autocast),
-# divided by the threads left: linear scaling, a planning figure above one thread.
+# divided by the cores left to torch's threads: the threads advised, or fewer when the loader's
+# measured CPU per step (loader_cpu.py: its processes' and threads' CPU time from /proc) keeps
+# more than the other cores busy (threads_estimate). Linear scaling: a planning figure above one
+# thread. Without the loader's CPU time, the best case (the workers leave those cores free): the
+# demo's baseline estimated 61 and 37 ms where --verify measured -5 and 27 ms.
+
+# torch.compile (inductor) generates its own kernels for the pointwise, normalization, softmax and
+# pooling ops (attribution.is_fusable) and fuses each chain of them into one: one pass over memory
+# and one dispatch instead of one per op; convolutions and matmuls stay ATen / oneDNN calls. The
+# rule fires when the fusable ops are at least 15 % of forward+backward's operator time in the
+# recorded step (our choice: below it the gain is within a step's noise), and assumes the fused
+# kernels take half of those ops' time: a planning figure. On the demo's SmallResNet (batch 64,
+# 64 px, synthetic data, 1 thread, a loaded 2-core machine; bench/RESULTS.md) the doctor saw the
+# fusable ops at 47-52 % (max pool, BatchNorm forward and backward, ReLU's backward) and estimated
+# 11.1 / 18.4 / 19.8 ms where compiling measured 12.3 / 20.4 / 41.0 ms (the last against a
+# disturbed eager run). --verify measures it, the compiling steps left out and their time
+# reported apart.
+COMPILE_MIN_FUSABLE_SHARE = 0.15
+COMPILE_FUSED_LEFT = 0.5
 
 # cudnn.benchmark picks the fastest conv algorithm per shape once; with fixed shapes that saves
 # ~10 % of forward+backward on conv nets. Planning figure (brief).
@@ -447,9 +466,44 @@ def advised_threads(facts: Any) -> Optional[int]:
     return n if threads + workers > cores and n < threads else None
 
 
+def threads_estimate(
+    one_s: float,
+    threads: int,
+    cores: int,
+    loader_cpu_s: Optional[float],
+    step_s: float,
+    fb_s: float,
+) -> Tuple[float, float]:
+    """(forward+backward seconds on `threads` torch threads, the cores left to them) when one
+    forward+backward takes one_s on one thread and the loader needs loader_cpu_s of CPU per step
+    (None: unknown, taken as 0: the best case). The loader's busy cores are its CPU per step over
+    the step after the fix (step_s - fb_s + the estimate: a shorter step leaves it less time for
+    the same work), so the estimate is the fixed point of
+        est = one_s / min(threads, cores - loader_cpu_s / (step_s - fb_s + est)),
+    found by bisection (the right side falls as est grows); linear scaling above one thread."""
+    loader = max(_num(loader_cpu_s), 0.0)
+    rest = max(step_s - fb_s, 0.0)
+    floor = 0.05  # cores: a loader that needs them all leaves torch a sliver (a huge estimate)
+
+    def free(est: float) -> float:
+        return max(float(cores) - loader / max(rest + est, 1e-9), floor)
+
+    lo = one_s / threads
+    hi = one_s / floor
+    if min(threads, free(lo)) >= threads:
+        return lo, free(lo)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if mid < one_s / min(threads, free(mid)):
+            lo = mid
+        else:
+            hi = mid
+    return hi, free(hi)
+
+
 def _cpu_threads(summary: Any, facts: Any) -> List[Finding]:
     """torch threads + loader workers above the cores (CPU), and the probe says forward+backward
-    would run faster on the threads left."""
+    would run faster on the threads left, beside the loader's measured CPU demand."""
     n = advised_threads(facts)
     one = _probe(facts, "fp32_s")
     share, t = _compute(summary)
@@ -465,11 +519,15 @@ def _cpu_threads(summary: Any, facts: Any) -> List[Finding]:
         if ratio is None:
             return []
         one, basis = one * ratio, "bf16 autocast"
-    est = one / n
+    _, cores = _load()
+    loader = getattr(facts, "loader_cpu_s", None)
+    loader = _num(loader, -1.0) if loader is not None else None
+    loader = loader if loader is not None and loader >= 0 else None
+    step = _step_s(summary)
+    est, free = threads_estimate(one, n, cores, loader, step, t)
     if est > t * (1 - PROBE_MIN_GAIN):
         return []
     threads, workers = int(_num(facts.torch_threads)), _loader_workers(facts)
-    _, cores = _load()
     title = (
         f"{threads} torch threads and {workers} loader workers on {cores} cores: oversubscribed "
         f"(forward+backward {_ms(t)}, {_pct(share)} of the step)"
@@ -485,11 +543,26 @@ def _cpu_threads(summary: Any, facts: Any) -> List[Finding]:
         "Each parallel op ends in a barrier: a loader worker that takes a core from one of "
         "torch's threads stalls the others. Estimate: forward+backward of a copy of the model "
         f"took {_ms(one)} on one thread ({basis}, measured after the run)"
-        + (f", divided over {n} threads (linear scaling, a planning figure)" if n > 1 else "")
-        + f" ({_ms(t)} -> {_ms(est)}): the best case, where the workers leave those cores free; "
-        "workers that need every core (slow Python decode) leave less, which --verify measures."
     )
-    return [_estimated("cpu_threads", "warning", title, fix, detail, _step_s(summary), t - est)]
+    if loader is None:
+        detail += (
+            (f", divided over {n} threads (linear scaling, a planning figure)" if n > 1 else "")
+            + f" ({_ms(t)} -> {_ms(est)}): the best case, where the workers leave those cores "
+            "free (their CPU time was not measured); workers that need more leave less, which "
+            "--verify measures."
+        )
+    else:
+        used = cores - free
+        detail += (
+            f"; the loader used {_ms(loader)} of CPU per step (its worker processes and threads, "
+            f"measured over the run's steps), {used:.2f} of the {cores} cores at the estimated "
+            f"step, leaving torch's {n} thread{'s' if n > 1 else ''} {min(free, n):.2f} cores"
+            + f" (one-thread time / {min(free, n):.2f}"
+            + (", linear scaling above one thread, a planning figure" if n > 1 else "")
+            + f") ({_ms(t)} -> {_ms(est)}). Assumes the loader's demand spreads evenly over the "
+            "step; what else the step runs on other cores is not counted, which --verify measures."
+        )
+    return [_estimated("cpu_threads", "warning", title, fix, detail, step, t - est)]
 
 
 def _nchw_convs(facts: Any) -> List[str]:
@@ -556,6 +629,53 @@ def _cudnn_benchmark(summary: Any, facts: Any) -> List[Finding]:
     return [
         _estimated("cudnn_benchmark", "info", title, fix, detail, step, t * (1 - CUDNN_BENCHMARK))
     ]
+
+
+def _compile(summary: Any, facts: Any) -> List[Finding]:
+    """Forward+backward a large part of the step and many of their ops ones torch.compile fuses
+    (pointwise, normalization, softmax, pooling); quiet when the model already runs compiled."""
+    att = getattr(facts, "attribution", None)
+    fusable = att.fusable_share() if hasattr(att, "fusable_share") else None
+    if fusable is None or fusable < COMPILE_MIN_FUSABLE_SHARE:
+        return []
+    if getattr(facts, "model_compiled", False) or getattr(att, "compiled", False):
+        return []
+    share, t = _compute(summary)
+    if share < AMP_MIN_COMPUTE_SHARE or t < MIN_PHASE_S:
+        return []
+    device = "cuda" if _cuda(facts) else "cpu"
+    step = _step_s(summary)
+    top = ", ".join(f"{n} {_ms(x)}" for n, x in getattr(att, "fusable_top", [])[:3])
+    seen = (
+        "In the sampled step the ops torch.compile fuses (pointwise, normalization, softmax, "
+        f"pooling) took {_ms(att.fusable_s)} of forward+backward's {_ms(att.model_op_s)} of "
+        f"operator time ({_pct(fusable)}" + (f"; {top}" if top else "") + ")."
+    )
+    why = getattr(facts, "compile_unavailable", None)
+    if why is None:
+        why = compile_unavailable(device)
+    if why:
+        title = "torch.compile would fuse the model's elementwise ops, but it cannot run here"
+        fix = f"make torch.compile available ({why}), then model = torch.compile(model)"
+        return [_estimated("compile_unavailable", "info", title, fix, seen, step, None)]
+    saved = t * fusable * (1 - COMPILE_FUSED_LEFT)
+    title = (
+        f"ops torch.compile fuses are {_pct(fusable)} of forward+backward's operator time, and "
+        f"forward+backward {_pct(share)} of the step ({_ms(t)}): eager PyTorch runs each "
+        "on its own"
+    )
+    fix = (
+        "model = torch.compile(model) after building it (inductor fuses each chain of "
+        "elementwise, normalization and pooling ops into one kernel); the first steps compile, "
+        "which takes seconds to minutes"
+    )
+    detail = (
+        f"{seen} Estimate: the fused kernels are assumed to take {_pct(COMPILE_FUSED_LEFT)} of "
+        f"those ops' time (a planning figure; convolutions and matmuls unchanged): "
+        f"forward+backward x(1 - {fusable:.2f} x {1 - COMPILE_FUSED_LEFT:g}) "
+        f"({_ms(t)} -> {_ms(t - saved)}). --verify measures it, compile time apart."
+    )
+    return [_estimated("compile", "warning", title, fix, detail, step, saved)]
 
 
 def _idle(facts: Any) -> Optional[float]:
@@ -781,6 +901,7 @@ def _breakdown(summary: Any, facts: Any) -> List[Finding]:
             _amp,
             _channels_last_cpu,
             _cpu_threads,
+            _compile,
             _cudnn_benchmark,
             _launch_bound,
             _contention,

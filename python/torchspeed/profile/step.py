@@ -207,6 +207,9 @@ class StepProfiler:
         self.steps_taken = 0  # step() calls (CUDA steps are in history() once their events resolve)
         self.pending_samples = 0  # the hooks count the batches a step loaded
         self._on_step: List[Any] = []  # callbacks after each step (the doctor's progress, stop)
+        #: Steps (numbered from the run's first) left out of summary(): steps a caller knows are
+        #: not typical (the doctor's torch.compile trial: the steps that compiled).
+        self.excluded_steps: List[int] = []
 
     # ---- lifecycle --------------------------------------------------------------------------
     def start(self) -> StepProfiler:
@@ -329,9 +332,12 @@ class StepProfiler:
             # Steps a backward-driven guess recorded before the first optimizer step.
             skip = max(skip, self._hooks.steps_switched_at)
         history = self.history()
+        drop = list(self.excluded_steps)
         if self._hooks is not None and self._hooks.module_sampler is not None:
             # The step torch.profiler recorded runs several times slower: not a typical step.
-            history = without_steps(history, self._hooks.module_sampler.perturbed_steps())
+            drop += self._hooks.module_sampler.perturbed_steps()
+        if drop:
+            history = without_steps(history, drop)
         s = summarize(history, skip_first=skip)
         s.dropped_events = int(_P.dropped_events())
         if gather:

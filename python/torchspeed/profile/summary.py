@@ -194,6 +194,15 @@ class RunFacts:
     torch_threads: int = 0
     #: The most workers (C++ decode threads or worker processes) of one loader seen in the run.
     loader_workers: int = 0
+    #: The loader's CPU seconds per step (its worker processes and C++ threads, from /proc over
+    #: the steps after the warmup); None when not measured.
+    loader_cpu_s: Optional[float] = None
+    #: An outermost module ran under torch.compile (an OptimizedModule, or model.compile()); the
+    #: attribution's operator step also tells (Attribution.compiled).
+    model_compiled: bool = False
+    #: Why torch.compile cannot run here ("" when it can), None when not checked: the compile
+    #: rule checks then (facts.compile_unavailable), only when it would advise it.
+    compile_unavailable: Optional[str] = None
 
 
 @dataclass

@@ -34,6 +34,11 @@ class VerifyRow:
     phase_gain_s: Optional[float] = None
     phases: Tuple[str, ...] = ()
     advised: bool = True  # False: tried to show why the doctor does not advise it
+    #: torch.compile's trial: seconds the compiling steps took above the median step (those
+    #: steps are left out of its medians), over the first round's run; None for other fixes.
+    compile_s: Optional[float] = None
+    #: Why torch.compile failed in the trial ("" when it did not): the row then measures eager.
+    compile_error: str = ""
 
 
 #: The phases each fix acts on: its estimate is about their time.
@@ -43,6 +48,7 @@ PHASES_OF = {
     "channels_last": ("forward", "backward"),
     "cudnn_benchmark": ("forward", "backward"),
     "cpu_threads": ("forward", "backward"),
+    "compile": ("forward", "backward"),
     "optimizer": ("optimizer",),
     "data_wait": ("data_wait",),
     "headspace": ("data_wait",),
@@ -212,6 +218,132 @@ def channels_last() -> Iterator[None]:
         yield
 
 
+#: The compile trial's backend (tests may use "eager": dynamo's capture without inductor).
+COMPILE_BACKEND = "inductor"
+#: Steps after a compiling step also left out of the trial's medians: a new compiled graph's
+#: first calls still run slow (measured on a small MLP on this CPU: the 2 calls after the
+#: compiling one took ~100x a steady one).
+COMPILE_SETTLE_STEPS = 2
+#: What the last CompiledModel run measured, for verify(): {"compile_s": s, "steps": n,
+#: "error": why torch.compile failed ("" when it did not)}.
+last_compile: Dict[str, Any] = {}
+
+
+def _compile_count() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["stats"].values())
+
+
+class CompiledModel:
+    """Each outermost module forward in training mode runs through torch.compile, as
+    ``model = torch.compile(model)`` in the script would: its bound forward is compiled and set
+    on the module (from its second call: the first has started when the hook runs), removed on
+    exit. A step in which something compiled, and COMPILE_SETTLE_STEPS after it, are left out of
+    the run's summary (StepProfiler.excluded_steps); on exit last_compile holds their time above
+    the median of the other steps."""
+
+    def __init__(self, backend: Any = None):  # a backend name or callable (torch.compile)
+        self.backend = backend or COMPILE_BACKEND
+        self.state = {"depth": 0}
+        self.patched: List[Any] = []
+        self.prof = None
+        self.steps: List[int] = []
+        self.error = ""  # why torch.compile failed, when it did
+        self._stack: Optional[contextlib.ExitStack] = None
+
+    def _mark(self) -> None:
+        from .hooks import _active_hooks
+
+        if not _active_hooks:
+            return
+        prof = _active_hooks[-1].prof
+        self.prof = prof
+        i = prof.steps_taken  # the step in progress, numbered from the run's first
+        new = [j for j in range(i, i + 1 + COMPILE_SETTLE_STEPS) if j not in self.steps]
+        self.steps += new
+        prof.excluded_steps.extend(new)
+
+    def _compile(self, module: Any) -> None:
+        from torch._dynamo.exc import TorchDynamoException
+
+        eager = module.forward
+        compiled = torch.compile(eager, backend=self.backend)
+
+        def forward(*args, **kwargs):
+            if self.error:
+                return eager(*args, **kwargs)
+            before = _compile_count()
+            try:
+                out = compiled(*args, **kwargs)
+            except TorchDynamoException as e:
+                # torch.compile failed on this model: the trial runs on eagerly and says so
+                # (an error from the script's own code is not a TorchDynamoException).
+                lines = str(e).strip().splitlines()
+                self.error = f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+                return eager(*args, **kwargs)
+            if _compile_count() != before:
+                self._mark()
+            return out
+
+        forward._torchspeed_compile_trial = True
+        module.forward = forward
+        self.patched.append(module)
+
+    def _pre(self, module, args):
+        if torch.compiler.is_compiling():
+            return
+        self.state["depth"] += 1
+        if self.state["depth"] > 1 or not module.training or not torch.is_grad_enabled():
+            return
+        if any(m is module for m in self.patched) or "forward" in vars(module):
+            return  # done, or a forward the script set itself
+        if type(module).__name__ == "OptimizedModule" or getattr(
+            module, "_compiled_call_impl", None
+        ):
+            return  # the script compiles it already
+        self._compile(module)
+
+    def _post(self, module, args, output):
+        if not torch.compiler.is_compiling():
+            self.state["depth"] -= 1
+
+    def __enter__(self) -> CompiledModel:
+        last_compile.clear()
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(_global_forward_hooks(self._pre, self._post))
+        # The script's deepcopy / pickle / torch.save of the model must not carry the trial's
+        # forward (a copy would run the original's weights): dropped from the state, as torch
+        # drops its own _compiled_call_impl.
+        orig = torch.nn.Module.__getstate__
+
+        def __getstate__(module):
+            state = orig(module)
+            if getattr(state.get("forward"), "_torchspeed_compile_trial", False):
+                state.pop("forward")
+            return state
+
+        self._stack.enter_context(_patched(torch.nn.Module, "__getstate__", __getstate__))
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._stack.close()
+        for m in self.patched:
+            if "forward" in vars(m):
+                del m.forward
+        self.patched = []
+        extra = 0.0
+        if self.prof is not None and self.steps:
+            h = self.prof.history()
+            first = h.steps_dropped
+            idx = [i - first for i in self.steps if 0 <= i - first < len(h)]
+            rest = [x for k, x in enumerate(h.step_ns) if k not in idx and k >= self.prof.warmup]
+            typical = statistics.median(rest) if rest else 0.0
+            extra = sum(max(h.step_ns[k] - typical, 0.0) for k in idx) / 1e9
+        last_compile.update(compile_s=extra, steps=float(len(self.steps)), error=self.error)
+        return False
+
+
 def set_cudnn_benchmark(on: bool) -> bool:
     """Sets torch.backends.cudnn.benchmark and returns what it was. Through torch's own setter:
     assigning the attribute raises once torch's test utilities froze the global flags
@@ -275,6 +407,8 @@ def _fixes(findings: List[Finding], facts: Any) -> List[tuple]:
         out.append((name, "channels_last", channels_last, advised))
     if "cudnn_benchmark" in rules:
         out.append(("cudnn.benchmark", "cudnn_benchmark", cudnn_benchmark, True))
+    if "compile" in rules:
+        out.append(("torch.compile(model)", "compile", CompiledModel, True))
     if "cpu_threads" in rules:
         from .rules import advised_threads
 
@@ -310,7 +444,7 @@ def _fixes(findings: List[Finding], facts: Any) -> List[tuple]:
 #: The fixes of forward+backward's compute: when the doctor found torch's threads oversubscribed
 #: (cpu_threads), the contention distorts their measurement (a parallel op's barrier waits on a
 #: preempted thread), so they are tried on top of the threads fix, against that run.
-_STACKED = ("amp", "amp_not_advised", "channels_last")
+_STACKED = ("amp", "amp_not_advised", "channels_last", "compile")
 
 
 def _stacked_on_threads(fixes: List[tuple]) -> List[tuple]:
@@ -371,10 +505,22 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
         return [VerifyRow("as the script is", "", None, base.step_median_s, 0.0, 0.0)]
     bases = [base]
     trials: List[list] = []  # [round][fix] -> (summary, losses, ...)
+    compile_s: Dict[int, float] = {}  # fix -> the first round's compile time
+    compile_error: Dict[int, str] = {}  # fix -> why torch.compile failed (any round)
+
+    def trial(i: int, make: Callable) -> tuple:
+        last_compile.clear()
+        out = run_steps(make(), False)
+        if "compile_s" in last_compile and i not in compile_s:
+            compile_s[i] = last_compile["compile_s"]
+        if last_compile.get("error"):
+            compile_error.setdefault(i, last_compile["error"])
+        return out
+
     for r in range(max(1, rounds)):
         if r:
             bases.append(run_steps(contextlib.nullcontext(), False)[0])
-        trials.append([run_steps(make(), False) for _, _, make, _ in fixes])
+        trials.append([trial(i, make) for i, (_, _, make, _) in enumerate(fixes)])
     bases.append(run_steps(contextlib.nullcontext(), False)[0])
     threads_i = next((i for i, f in enumerate(fixes) if f[1] == "cpu_threads"), None)
     rows = [VerifyRow("as the script is", "", None, base.step_median_s, 0.0, 0.0)]
@@ -412,6 +558,8 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
                 statistics.median(phase_gains) if phases else None,
                 phases,
                 advised,
+                compile_s.get(i),
+                compile_error.get(i, ""),
             )
         )
     rows.append(VerifyRow("as the script is, again", "", None, bases[-1].step_median_s, 0.0, 0.0))
@@ -444,6 +592,17 @@ def format_rows(rows: List[VerifyRow], steps: int, rounds: int = 1) -> str:
             f"{ms(r.phase_gain_s):>11} {ms(r.estimated_gain_s):>10} {ratio:>8} {drift:>10}  "
             f"{'+'.join(r.phases) or '-'}"
         )
+    for r in rows:
+        if r.compile_error:
+            lines.append(
+                f"  {r.fix}: torch.compile failed ({r.compile_error}); the run went on eagerly, "
+                "so its row measures no fix"
+            )
+        elif r.compile_s is not None:
+            lines.append(
+                f"  {r.fix}: the compiling steps took {r.compile_s:.1f} s above a typical step "
+                "(left out of its medians, with the steps right after them)"
+            )
     return "\n".join(lines)
 
 

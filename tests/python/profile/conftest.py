@@ -6,6 +6,15 @@ from profile_helpers import _HOOK_DICTS, _MISSING, _PATCHED, P, _drain_open_rang
 
 from torchspeed.profile import hooks as hooks_mod
 from torchspeed.profile import ranges as ranges_mod
+from torchspeed.profile import verify as verify_mod
+
+
+@pytest.fixture(autouse=True)
+def _compile_trials_capture_only(monkeypatch):
+    """--verify's torch.compile trial compiles with dynamo's "eager" backend in these tests (the
+    capture and the step bookkeeping, without minutes of inductor C++ builds on 2 cores); the
+    one test of inductor itself sets it back."""
+    monkeypatch.setattr(verify_mod, "COMPILE_BACKEND", "eager")
 
 
 @pytest.fixture(autouse=True)

@@ -615,3 +615,78 @@ def test_clip_grad_norm_calls_suggest_the_optimizers_max_grad_norm():
     )
     assert "clip_into_optimizer" not in _by_rule(lint(with_ts))  # its max_grad_norm is there
     assert "clip_into_optimizer" not in _by_rule(lint(RunFacts(steps=3)))
+
+
+# ---- torch.compile ----------------------------------------------------------------------------
+def _att(model_op_s=0.050, fusable_s=0.020, compiled=False):
+    from torchspeed.profile.attribution import Attribution
+
+    top = [("aten::gelu", 0.012), ("aten::add_", 0.008)]
+    return Attribution(0.1, [], [], 0.1, model_op_s, fusable_s, top, compiled)
+
+
+def test_compile_fires_on_fusable_heavy_compute_with_the_stated_estimate():
+    s = make_summary(step_s=0.100, phase_s={"forward": 0.030, "backward": 0.050})
+    f = _by_rule(advise(s, RunFacts(attribution=_att(), compile_unavailable="")))["compile"]
+    # forward+backward 80 ms; fusable ops 20 of 50 ms of op time (40 %); fusion leaves half.
+    assert f.est_gain_s == pytest.approx(0.080 * 0.4 * (1 - rules.COMPILE_FUSED_LEFT), rel=REL)
+    assert f.est_step_s == pytest.approx(0.100 - f.est_gain_s, rel=REL)
+    assert "model = torch.compile(model)" in f.fix and "40%" in f.title
+    assert "aten::gelu 12.0 ms" in f.detail and "planning figure" in f.detail
+    assert "80.0 ms -> 64.0 ms" in f.detail
+
+
+def test_compile_is_quiet_when_compiled_or_few_fusable_ops_or_little_compute():
+    s = make_summary(step_s=0.100, phase_s={"forward": 0.030, "backward": 0.050})
+    small = make_summary(step_s=0.100, phase_s={"forward": 0.010, "backward": 0.015})
+    for summary, facts in (
+        (s, RunFacts(attribution=_att(compiled=True), compile_unavailable="")),
+        (s, RunFacts(attribution=_att(), model_compiled=True, compile_unavailable="")),
+        (s, RunFacts(attribution=_att(fusable_s=0.007), compile_unavailable="")),  # 14 %
+        (s, RunFacts(attribution=_att(model_op_s=None), compile_unavailable="")),  # not sampled
+        (s, RunFacts(compile_unavailable="")),  # no attribution
+        (small, RunFacts(attribution=_att(), compile_unavailable="")),  # compute 25 % of the step
+    ):
+        out = _by_rule(advise(summary, facts))
+        assert "compile" not in out and "compile_unavailable" not in out
+    # At the threshold it fires.
+    facts = RunFacts(attribution=_att(fusable_s=0.0075), compile_unavailable="")
+    assert "compile" in _by_rule(advise(s, facts))
+
+
+def test_compile_unavailable_says_why_instead_of_advising(monkeypatch):
+    s = make_summary(step_s=0.100, phase_s={"forward": 0.030, "backward": 0.050})
+    why = "inductor found no C++ compiler for the CPU (RuntimeError: none)"
+    out = _by_rule(advise(s, RunFacts(attribution=_att(), compile_unavailable=why)))
+    assert "compile" not in out
+    f = out["compile_unavailable"]
+    assert f.severity == "info" and f.est_gain_s == 0.0 and why in f.fix
+    # Not checked by the facts: the rule asks, only when it would advise (once per device).
+    asked = []
+    monkeypatch.setattr(rules, "compile_unavailable", lambda d: asked.append(d) or "no g++")
+    out = _by_rule(advise(s, RunFacts(attribution=_att())))
+    assert asked == ["cpu"] and "no g++" in out["compile_unavailable"].fix
+
+
+def test_compile_unavailable_reads_the_cpu_compiler(monkeypatch):
+    import torch._dynamo
+    from torch._inductor import cpp_builder
+
+    from torchspeed.profile import facts as facts_mod
+
+    facts_mod.compile_unavailable.cache_clear()
+    try:
+
+        def missing():
+            raise RuntimeError("no working C++ compiler found")
+
+        monkeypatch.setattr(cpp_builder, "get_cpp_compiler", missing)
+        assert "no working C++ compiler" in facts_mod.compile_unavailable("cpu")
+        facts_mod.compile_unavailable.cache_clear()
+        monkeypatch.setattr(cpp_builder, "get_cpp_compiler", lambda: "/nonexistent/g++")
+        assert "not on PATH" in facts_mod.compile_unavailable("cpu")
+        facts_mod.compile_unavailable.cache_clear()
+        monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+        assert "does not support Python" in facts_mod.compile_unavailable("cuda")
+    finally:
+        facts_mod.compile_unavailable.cache_clear()

@@ -1,6 +1,7 @@
 """`torchspeed doctor --verify`: the script's first steps as it is, then once per applicable fix
 applied from outside; each fix's measured gain beside its estimate and the loss drift."""
 
+import contextlib
 import textwrap
 
 import pytest
@@ -240,3 +241,169 @@ def test_no_more_workers_trial_for_a_loader_that_has_workers():
     without = RunFacts(loaders=[torch.utils.data.DataLoader([0, 1])])
     names = [t[0] for t in verify._fixes(found, without)]
     assert any(n.endswith("loader workers") for n in names) and names[-1].startswith("headspace")
+
+
+# ---- torch.compile ----------------------------------------------------------------------------
+class _Chain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.proj(x).repeat(1, 64)
+        for _ in range(6):
+            h = torch.tanh(h * 1.5 + 0.5)
+        return h
+
+
+def _compiled_losses(steps, trial):
+    """Losses of `steps` steps of _Chain under the doctor, with `trial` (a CompiledModel or
+    None) around it; the profiler and the model's own attributes seen inside."""
+    import io
+
+    torch.manual_seed(0)
+    model = _Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+    losses, inside = [], {}
+    ctx = trial if trial is not None else contextlib.nullcontext()
+    with ctx:
+        with _doctor.doctor(out=None, progress=False, file=io.StringIO(), probe=False) as prof:
+            for _ in range(steps):
+                loss = model(x).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(float(loss.detach()))
+            inside["patched"] = "forward" in vars(model)
+        inside["summary"] = prof.summary(gather=False)
+        inside["excluded"] = list(prof.excluded_steps)
+    inside["after"] = "forward" in vars(model)
+    return losses, inside
+
+
+def test_compile_trial_compiles_the_forward_leaves_the_compiling_steps_out_and_restores():
+    torch._dynamo.reset()
+    ref, _ = _compiled_losses(8, None)
+    trial = verify.CompiledModel(backend="eager")
+    losses, inside = _compiled_losses(8, trial)
+    # "eager": dynamo's captured graph run by ATen, the same ops: the same losses.
+    assert losses == ref
+    assert inside["patched"] and not inside["after"]
+    # The first forward runs eager (the hook compiles it for the next), the second compiles:
+    # step 1 and the COMPILE_SETTLE_STEPS after it are left out, beside the warmup (step 0) and
+    # the operator-sampled steps (3, 4).
+    settle = verify.COMPILE_SETTLE_STEPS
+    assert inside["excluded"] == list(range(1, 2 + settle))
+    kept = [i for i in range(8) if i not in inside["excluded"] and i not in (3, 4)][1:]
+    assert inside["summary"].steps == len(kept)
+    assert verify.last_compile["steps"] == 1 + settle and verify.last_compile["compile_s"] >= 0
+    torch._dynamo.reset()
+
+
+def test_a_copy_or_pickle_of_the_model_during_the_compile_trial_is_the_plain_model():
+    """A script that deep-copies (an EMA, a best-model copy) or pickles its model mid-run: the
+    copy has no trial forward (it would run the original's weights) and pickles."""
+    import copy
+    import io
+    import pickle
+
+    torch._dynamo.reset()
+    model = _Chain()
+    with verify.CompiledModel(backend="eager"):
+        with _doctor.doctor(out=None, progress=False, file=io.StringIO(), probe=False):
+            for _ in range(3):
+                model(torch.randn(8, 16)).sum().backward()
+            assert "forward" in vars(model)
+            twin = copy.deepcopy(model)
+            thawed = pickle.loads(pickle.dumps(model))
+    assert "forward" not in vars(twin) and "forward" not in vars(thawed)
+    with torch.no_grad():
+        twin.proj.weight.add_(1.0)
+        x = torch.randn(8, 16)
+        assert not torch.equal(twin(x), model(x))  # the copy runs its own weights
+        torch.testing.assert_close(thawed(x), model(x), rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
+def test_compile_trial_leaves_a_model_the_script_compiled_alone():
+    import io
+
+    torch._dynamo.reset()
+    model = _Chain()
+    compiled = torch.compile(model, backend="eager")
+    with verify.CompiledModel(backend="eager") as trial:
+        with _doctor.doctor(out=None, progress=False, file=io.StringIO(), probe=False):
+            for _ in range(3):
+                compiled(torch.randn(8, 16)).sum().backward()
+        assert trial.patched == [] and "forward" not in vars(model)
+    torch._dynamo.reset()
+
+
+def test_compile_trial_that_fails_to_compile_runs_on_eagerly_and_says_why():
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("no kernels today")
+
+    torch._dynamo.reset()
+    ref, _ = _compiled_losses(6, None)
+    trial = verify.CompiledModel(backend=broken_backend)
+    losses, inside = _compiled_losses(6, trial)
+    assert losses == ref and inside["excluded"] == []
+    assert "BackendCompilerFailed" in trial.error and verify.last_compile["error"] == trial.error
+    row = verify.VerifyRow("torch.compile(model)", "compile", 0.01, 0.1, 0.0, 0.0,
+                           compile_s=0.0, compile_error=trial.error)  # fmt: skip
+    assert "torch.compile failed (BackendCompilerFailed" in verify.format_rows([row], 6)
+    torch._dynamo.reset()
+
+
+_CHAIN_SCRIPT = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+class Chain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+    def forward(self, x):
+        h = self.proj(x).repeat(1, 256)
+        for _ in range(6):
+            h = torch.tanh(h * 1.5 + 0.5)
+        return h
+model = Chain()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(32, 16)
+for _ in range(10):
+    model(x).square().mean().backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+def test_verify_tries_torch_compile_where_pointwise_ops_dominate(tmp_path, monkeypatch):
+    torch._dynamo.reset()
+    monkeypatch.setattr(verify, "COMPILE_BACKEND", "eager")
+    rows, by_fix = _rows(tmp_path, monkeypatch, _CHAIN_SCRIPT, 8)
+    row = by_fix["torch.compile(model)"]
+    assert row.rule == "compile" and row.advised and row.phases == ("forward", "backward")
+    assert row.estimated_gain_s is not None and row.estimated_gain_s > 0
+    assert row.compile_s is not None and row.compile_s >= 0
+    assert row.loss_drift == 0.0  # the eager backend runs the same ops
+    text = verify.format_rows(rows, 8)
+    assert "torch.compile(model): the compiling steps took" in text
+    torch._dynamo.reset()
+
+
+def test_compile_trial_with_inductor_matches_eager_losses(monkeypatch):
+    """The real backend, on a tiny model (a C++ build of its kernels: seconds to a minute on 2
+    cores, cached by inductor after): the compiled steps' losses match eager's to float32
+    rounding, and the compiling steps' time is reported."""
+    from torchspeed.profile.facts import compile_unavailable
+
+    if compile_unavailable("cpu"):
+        pytest.skip(f"torch.compile unavailable: {compile_unavailable('cpu')}")
+    torch._dynamo.reset()
+    ref, _ = _compiled_losses(6, None)
+    losses, inside = _compiled_losses(6, verify.CompiledModel(backend="inductor"))
+    torch.testing.assert_close(losses, ref, rtol=1e-4, atol=1e-6)
+    assert inside["patched"] and not inside["after"] and inside["excluded"]
+    assert verify.last_compile["compile_s"] > 0
+    torch._dynamo.reset()

@@ -4,6 +4,8 @@ conv net gets channels_last where the probe measured it faster, and the optimize
 phase minus torchspeed's measured step. Rule tests feed fixed probe values (decisions, not
 timings); the probe tests check what it measures is consistent, not how fast this machine is."""
 
+import math
+
 import pytest
 import torch
 from test_advice import REL, _by_rule, make_summary
@@ -103,6 +105,46 @@ def test_cpu_threads_fires_when_threads_and_loader_workers_exceed_the_cores(monk
         facts(device_type="cuda"),
     ):
         assert "cpu_threads" not in _by_rule(advise(s, quiet))
+
+
+def test_threads_estimate_leaves_torch_the_cores_the_loader_does_not_use():
+    """est = one / min(threads, cores - loader / (step - fb + est)): the fixed point, against its
+    closed form (a quadratic) where the loader takes more than the other cores."""
+    # No loader CPU known, or a loader that leaves the other cores free: one-thread time / n.
+    assert rules.threads_estimate(0.05, 1, 2, None, 0.1, 0.08) == (0.05, 2.0)
+    assert rules.threads_estimate(0.06, 2, 4, 0.0, 0.1, 0.08)[0] == pytest.approx(0.03, rel=REL)
+    assert rules.threads_estimate(0.05, 1, 2, 0.07, 0.1, 0.08)[0] == pytest.approx(0.05, rel=1e-9)
+    # 90 ms of loader CPU per step, 20 ms of the step outside forward+backward, 2 cores, 1 thread:
+    # est (2 - 0.09 / (0.02 + est)) = 0.05  <=>  2 est^2 - 0.10 est - 0.001 = 0.
+    est, free = rules.threads_estimate(0.05, 1, 2, 0.09, 0.1, 0.08)
+    want = (0.10 + math.sqrt(0.10**2 + 8 * 0.001)) / 4
+    assert est == pytest.approx(want, rel=1e-9)
+    assert free == pytest.approx(0.05 / want, rel=1e-9)
+    # 2 threads on 4 cores, the loader needs 3 cores at the old step: fewer than 2 left for torch.
+    est, free = rules.threads_estimate(0.06, 2, 4, 0.3, 0.1, 0.08)
+    assert 0.03 < est and free < 2
+    assert est == pytest.approx(0.06 / min(2, 4 - 0.3 / (0.02 + est)), rel=1e-9)
+    # A loader that needs every core: nothing left for torch, an estimate far above the phase.
+    assert rules.threads_estimate(0.05, 1, 2, 1.0, 0.1, 0.08)[0] > 0.5
+
+
+def test_cpu_threads_estimate_counts_the_loaders_measured_cpu(monkeypatch):
+    monkeypatch.setattr(rules, "_load", lambda: (1.0, 2))
+    s = make_summary(**_S)  # forward+backward 80 ms of a 100 ms step
+    loader = torch.utils.data.DataLoader(list(range(8)), num_workers=2)
+    base = dict(models=[_convnet()], loaders=[loader], torch_threads=2, probes={"fp32_s": 0.05})
+    f = _by_rule(advise(s, RunFacts(loader_cpu_s=0.09, **base)))["cpu_threads"]
+    want = (0.10 + math.sqrt(0.10**2 + 8 * 0.001)) / 4  # as in the test above
+    assert f.est_gain_s == pytest.approx(0.080 - want, rel=1e-9)
+    assert "the loader used 90.0 ms of CPU per step" in f.detail
+    assert f"({want * 1e3:.1f} ms" not in f.detail and f"-> {want * 1e3:.1f} ms" in f.detail
+    est = rules.verify_estimates(s, RunFacts(loader_cpu_s=0.09, **base))["cpu_threads"]
+    assert est == pytest.approx(0.080 - want, rel=1e-9)
+    # Unmeasured: the best case, said to be one.
+    f = _by_rule(advise(s, RunFacts(**base)))["cpu_threads"]
+    assert f.est_gain_s == pytest.approx(0.030, rel=REL) and "not measured" in f.detail
+    # A loader that keeps both cores busy: one thread would not be faster, quiet.
+    assert "cpu_threads" not in _by_rule(advise(s, RunFacts(loader_cpu_s=0.15, **base)))
 
 
 def test_channels_last_on_cpu_fires_only_when_measured_faster_with_nchw_convs():
