@@ -222,9 +222,31 @@ class LowbitMoments:
         for bucket in buckets:
             by_format = {}
             for p in bucket:
-                by_format.setdefault(self._stored_or_new_format(group, p), []).append(p)
+                fmt = self._stored_or_new_format(group, p)
+                if fmt == "int8":
+                    self._check_stored_blocks(group, p)
+                by_format.setdefault(fmt, []).append(p)
             out += list(by_format.values())
         return out
+
+    def _check_stored_blocks(self, group, p):
+        """A group's state_block changed under its stored int8 state would reach the op as an
+        absmax of the wrong length: say which option and how to change it."""
+        s = self.state.get(p)
+        absmax = s.get(absmax_key(self._lowbit_moments[0][0])) if s else None
+        block = group["state_block"]
+        if absmax is None or absmax.numel() == -(-p.numel() // block):
+            return
+        index = next(i for i, g in enumerate(self.param_groups) if g is group)
+        position = next(j for j, q in enumerate(group["params"]) if q is p)
+        raise ValueError(
+            f"torchspeed.optim.{type(self).__name__}: param_groups[{index}].state_block must be "
+            f"the block of its params' stored int8 state, got {block}: "
+            f"param_groups[{index}].params[{position}] holds {absmax.numel()} blocks of its "
+            f"{p.numel()} elements (ceil({p.numel()} / {block}) = {-(-p.numel() // block)}); "
+            "to change state_block, take sd = opt.state_dict(), set it, then "
+            "opt.load_state_dict(sd)"
+        )
 
     def _bucket_state_keys(self, group, p):
         keys = super()._bucket_state_keys(group, p)

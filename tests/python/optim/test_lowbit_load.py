@@ -178,6 +178,23 @@ def test_state_block_changed_on_a_running_optimizer_through_save_and_load():
     _train(opt, [p], 2, 3)
 
 
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_state_block_changed_under_a_stored_int8_state_is_refused_at_the_step(name):
+    # Before: the op's "exp_avg_absmaxes[0] must be ... of ceil(4096 / 512) = 8 elements",
+    # which names neither the option nor the way to change it.
+    make, _ = OPTIMIZERS[name]
+    params = [_param(False, 0), _param(False, 1)]
+    opt = make(params, state_dtype="int8", state_block=64)
+    _train(opt, params, 0, 2)
+    before = _state_copy(opt, params)
+    values = [p.detach().clone() for p in params]
+    opt.param_groups[0]["state_block"] = 512
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\.state_block must be the block of"):
+        _train(opt, params, 2, 3)
+    _assert_state_equal(_state_copy(opt, params), before)
+    assert all(torch.equal(p, v) for p, v in zip(params, values))
+
+
 def _int8_opt(name="AdamW"):
     make, _ = OPTIMIZERS[name]
     params = [_param(False, seed) for seed in range(2)]
@@ -280,3 +297,31 @@ def test_negative_second_moment_is_refused_when_quantized():
     )
     with pytest.raises(ValueError, match=r"state\[0\]\['exp_avg_sq'\] must be finite and >= 0"):
         target.load_state_dict(sd)
+
+
+@pytest.mark.parametrize(
+    "name, state_dtype", [("AdamW", "int8"), ("Lion", "bf16"), ("SGD", "int8")]
+)
+def test_compiled_low_bit_step_matches_the_eager_step(name, state_dtype):
+    # torch.compile(opt.step, fullgraph=True) traces the low-bit step, its state creation and the
+    # stored-block check; with an lr exact in float32 (the traced lr is a float32 tensor) it
+    # writes the eager step's bits.
+    make, _ = OPTIMIZERS[name]
+    torch._dynamo.reset()
+    params = [_param(False, 0), torch.nn.Parameter(torch.randn(100))]  # int8 and fp32 moments
+    eager_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt = make(params, state_dtype=state_dtype)
+    eager = make(eager_params, state_dtype=state_dtype)
+    for o in (opt, eager):
+        o.param_groups[0]["lr"] = 2.0**-7
+    step = torch.compile(opt.step, fullgraph=True)
+    for k in range(3):
+        g = torch.Generator().manual_seed(k)
+        for p, q in zip(params, eager_params):
+            p.grad = torch.randn(p.shape, generator=g)
+            q.grad = p.grad.clone()
+        step()
+        eager.step()
+    for p, q in zip(params, eager_params):
+        assert torch.equal(p, q)
+    _assert_state_equal(_state_copy(opt, params), _state_copy(eager, eager_params))
