@@ -108,18 +108,23 @@ at::Tensor laid_out_from_flat(const at::Tensor& flat, const at::Tensor& p, at::S
 
 // An undefined state tensor of a loaded state is left undefined; a defined one may sit on another
 // device, have another dtype or memory layout, or (step) another shape. Low-bit moments keep their
-// dtype (their elements are copied in memory order, as Python's load does) and an absmax becomes
-// a flat contiguous float32 tensor; their sizes are checked by load_in_format.
+// dtype: bfloat16 ones go to the same logical positions in p's layout, int8 codes keep their own
+// (dense) layout, whose memory order their blocks run over (load_in_format lays them out like p),
+// and an absmax becomes a flat contiguous tensor of its own dtype; dtypes and sizes are checked
+// by load_in_format, as Python's LowbitMoments._load_value / _load_state.
 void place_on(at::Tensor& t, const at::Tensor& p, std::string_view name, bool lowbit_moments) {
   if (!t.defined()) return;
   if (name == "step") {
     t = t.to(p.device(), at::kFloat).reshape({});
   } else if (ends_with(name, "_absmax")) {
-    t = t.to(p.device(), at::kFloat).contiguous().reshape({-1});
-  } else if (lowbit_moments && is_lowbit_dtype(t.scalar_type())) {
+    t = t.to(p.device()).contiguous().reshape({-1});
+  } else if (lowbit_moments && t.scalar_type() == at::kBFloat16) {
     if (t.device() != p.device() || !ops::laid_out_like(t, p)) {
-      t = laid_out_from_flat(t.contiguous().to(p.device()), p, t.scalar_type());
+      t = ops::copy_laid_out_like(t.to(p.device()).reshape(p.sizes()), p, at::kBFloat16);
     }
+  } else if (lowbit_moments && is_lowbit_dtype(t.scalar_type())) {
+    t = t.to(p.device());
+    if (!t.is_non_overlapping_and_dense()) t = t.contiguous();
   } else if (t.device() != p.device() || t.scalar_type() != at::kFloat ||
              !ops::laid_out_like(t, p)) {
     t = like_param(t.to(p.device()).reshape(p.sizes()), p);
@@ -384,6 +389,26 @@ void load_in_format(const char* optimizer, const std::string& where, State& s, c
   }
   if (int8) {
     check_int8_state(optimizer, where, moments, p, state_block);
+    bool relaid = false;
+    for (const Moment& m : moments) relaid = relaid || !ops::laid_out_like(m.values, p);
+    if (relaid && format != MomentFormat::kNone) {
+      // Codes in another memory layout than p's (e.g. saved from a contiguous param, loaded for
+      // a channels_last one): decoded in their own memory order, then moved to the same logical
+      // positions in p's layout, and converted to the group's format from float32.
+      std::vector<at::Tensor> values;
+      for (const Moment& m : moments) {
+        LowbitDecodeArgs d;
+        d.codes = flat_in_memory_order(m.values);
+        d.absmax = m.absmax;
+        d.state_block = state_block;
+        const at::Tensor flat = lowbit_decode(d);
+        values.push_back(m.values.sizes() == p.sizes()
+                             ? like_param(laid_out_from_flat(flat, m.values, at::kFloat), p)
+                             : laid_out_from_flat(flat, p, at::kFloat));
+      }
+      set_moments(s, p, format, state_block, values);
+      return;
+    }
   } else if (all_defined) {
     for (const Moment& m : moments) {
       TORCH_CHECK_VALUE(m.values.scalar_type() == moments[0].values.scalar_type(),

@@ -423,6 +423,10 @@ TEST_CASE("a loaded low-bit state that does not match its group is refused; noth
       {"absmax of the wrong length", [](AdamParamState& s) { s.exp_avg_absmax(torch::ones({3})); },
        where + "exp_avg_absmax of an int8 state must be Float with 17 elements (state_block 256), "
                "got Float with 3 elements"},
+      {"a float64 absmax (it was cast to float32 before the dtype rule ran)",
+       [](AdamParamState& s) { s.exp_avg_absmax(s.exp_avg_absmax().to(at::kDouble)); },
+       where + "exp_avg_absmax of an int8 state must be Float with 17 elements (state_block 256), "
+               "got Double with 17 elements"},
       {"uint8 first-moment codes", [](AdamParamState& s) { s.exp_avg(s.exp_avg().to(at::kByte)); },
        where + "exp_avg of an int8 state must be Char with 4270 elements"},
       {"a missing absmax", [](AdamParamState& s) { s.exp_avg_sq_absmax(torch::Tensor()); },
@@ -473,6 +477,65 @@ TEST_CASE("a loaded low-bit state that does not match its group is refused; noth
   st = good;
   load_from_string(target, save_to_string(source));
   require_equal_state(state_of(target, copies[0]), good);
+}
+
+TEST_CASE("a low-bit state loads into a param of another memory layout at the same positions",
+          "[lowbit]") {
+  // Saved from a contiguous param, loaded for a channels_last one of the same shape: bf16 moments
+  // keep their logical positions, int8 codes are decoded in their own memory order (their blocks
+  // run over it). Before: both were copied in logical order into the param's memory order.
+  for (const std::string format : {"int8", "bf16"}) {
+    INFO(format);
+    torch::manual_seed(3);
+    ParamList src{torch::randn({8, 16, 6, 7}).requires_grad_(true)};
+    AdamW source(src, AdamWOptions(1e-2).state_dtype(format));
+    set_grads(src, 0);
+    source.step();
+    const auto& s = state_of(source, src[0]);
+    std::vector<torch::Tensor> want;
+    for (auto [codes, absmax] : {std::pair{s.exp_avg(), s.exp_avg_absmax()},
+                                 std::pair{s.exp_avg_sq(), s.exp_avg_sq_absmax()}}) {
+      if (!absmax.defined()) {
+        want.push_back(codes.to(at::kFloat));
+        continue;
+      }
+      torchspeed::LowbitDecodeArgs d;
+      d.codes = codes.reshape({-1});  // contiguous: memory order is logical order
+      d.absmax = absmax;
+      d.state_block = kBlock;
+      want.push_back(torchspeed::lowbit_decode(d).reshape(codes.sizes()));
+    }
+    ParamList dst{src[0].detach().contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true)};
+    // Into float32 (exact) and into the same format.
+    for (const std::string& target_format : {std::string("fp32"), format}) {
+      INFO(target_format);
+      AdamW target(dst, AdamWOptions(1e-2).state_dtype(target_format));
+      load_from_string(target, save_to_string(source));
+      const auto& t = state_of(target, dst[0]);
+      REQUIRE(t.exp_avg().is_contiguous(at::MemoryFormat::ChannelsLast));
+      const std::vector<std::pair<torch::Tensor, torch::Tensor>> got = {
+          {t.exp_avg(), t.exp_avg_absmax()}, {t.exp_avg_sq(), t.exp_avg_sq_absmax()}};
+      for (size_t k = 0; k < got.size(); ++k) {
+        torch::Tensor value = got[k].first.to(at::kFloat);
+        if (got[k].second.defined()) {
+          torchspeed::LowbitDecodeArgs d;
+          d.codes = memory_order(got[k].first);
+          d.absmax = got[k].second;
+          d.state_block = kBlock;
+          // Back from the channels_last memory order to logical positions.
+          value = torchspeed::lowbit_decode(d).reshape({8, 6, 7, 16}).permute({0, 3, 1, 2});
+        }
+        if (target_format == "int8") {
+          // Requantized in the new memory order: within the map's error.
+          const auto w = want[k];
+          const auto tol = w.abs().max() * std::pow(2.0, -14);
+          REQUIRE(((value - w).abs() <= w.abs() / 16 + tol).all().item<bool>());
+        } else {
+          REQUIRE(torch::equal(value, want[k]));
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("low-bit moments of a non-CPU param get the step's layout on that device", "[lowbit]") {
