@@ -112,8 +112,10 @@ def quantize_v(v: torch.Tensor, block: int):
 
 
 def _same_memory_order(t: torch.Tensor, p: torch.Tensor) -> bool:
-    """Whether dense t and p have one shape and one memory order (strides of size-1 dims do not
-    matter)."""
+    """Whether dense t holds its elements in p's memory order: both contiguous (any shapes), or
+    one shape and one layout (strides of size-1 dims do not matter); ops::laid_out_like in C++."""
+    if t.is_contiguous() and p.is_contiguous():
+        return True
     return t.shape == p.shape and all(
         a == b for a, b, n in zip(t.stride(), p.stride(), p.shape) if n > 1
     )

@@ -133,6 +133,21 @@ def test_low_bit_state_loads_into_a_param_of_another_layout(
             assert ((g - w).abs() <= w.abs() / 16 + tol).all()
 
 
+def test_flat_int8_codes_of_a_contiguous_param_load_bit_for_bit():
+    # Codes of another shape are taken in their memory order, as the step wrote them (a contiguous
+    # flat tensor: its order is the contiguous param's); they are copied, not requantized.
+    p = _param(False)
+    opt = torchspeed.optim.AdamW([p], state_dtype="int8")
+    _train(opt, [p], 0, 2)
+    sd = copy.deepcopy(opt.state_dict())
+    for key in ("exp_avg", "exp_avg_sq"):
+        sd["state"][0][key] = sd["state"][0][key].reshape(-1)
+    q = _param(False)
+    target = torchspeed.optim.AdamW([q], state_dtype="int8")
+    target.load_state_dict(sd)
+    _assert_state_equal(_state_copy(target, [q]), _state_copy(opt, [p]))
+
+
 @pytest.mark.parametrize("target_dtype", ["fp32", "int8"])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_int8_state_of_another_state_block_is_converted(name, target_dtype):
