@@ -5,6 +5,7 @@
 
 #include <torch/serialize/archive.h>
 
+#include <cmath>
 #include <string_view>
 #include <type_traits>
 
@@ -212,16 +213,31 @@ TORCHSPEED_DEFINE_OPTION_FUNCTIONS(LAMBOptions, TORCHSPEED_LAMB_OPTIONS)
                       "." #name " must have ", want, is_step ? " element" : " elements",     \
                       is_step ? "" : " like its param", ", got shape ", s.name().sizes());   \
   }
-#define TORCHSPEED_DEFINE_STATE_FUNCTIONS(State, LIST)                              \
+#define TORCHSPEED_DEFINE_STATE_FUNCTIONS(State, LIST, HAS_MOMENTS)                 \
   void place_state(State& s, const at::Tensor& p) { LIST(TORCHSPEED_STATE_PLACE) }  \
   void check_state(const char* optimizer, const std::string& where, const State& s, \
                    const at::Tensor& p) {                                           \
     LIST(TORCHSPEED_STATE_CHECK)                                                    \
+    check_step_count(optimizer, where, s.step(), HAS_MOMENTS);                      \
   }
-TORCHSPEED_DEFINE_STATE_FUNCTIONS(AdamParamState, TORCHSPEED_ADAM_STATE)
-TORCHSPEED_DEFINE_STATE_FUNCTIONS(SGDParamState, TORCHSPEED_SGD_STATE)
-TORCHSPEED_DEFINE_STATE_FUNCTIONS(LionParamState, TORCHSPEED_LION_STATE)
-TORCHSPEED_DEFINE_STATE_FUNCTIONS(LAMBParamState, TORCHSPEED_LAMB_STATE)
+namespace {
+// The step count of a loaded state, as Python's FusedOptimizer._load_value / _load_state: present
+// beside moments that need it (bias correction, the low-bit rounding seeds: a missing one used to
+// restart at 0 under the loaded moments), and a finite number >= 0.
+void check_step_count(const char* optimizer, const std::string& where, const at::Tensor& step,
+                      bool has_moments) {
+  TORCH_CHECK_VALUE(step.defined() || !has_moments, "torchspeed.optim.", optimizer, ": ", where,
+                    ".step must be defined beside the moments (the steps taken), got none");
+  if (!step.defined() || step.numel() != 1) return;
+  const double count = step.to(at::kDouble).item<double>();
+  TORCH_CHECK_VALUE(std::isfinite(count) && count >= 0, "torchspeed.optim.", optimizer, ": ", where,
+                    ".step must be a finite number >= 0 (the steps taken), got ", count);
+}
+}  // namespace
+TORCHSPEED_DEFINE_STATE_FUNCTIONS(AdamParamState, TORCHSPEED_ADAM_STATE, s.exp_avg().defined())
+TORCHSPEED_DEFINE_STATE_FUNCTIONS(SGDParamState, TORCHSPEED_SGD_STATE, false)
+TORCHSPEED_DEFINE_STATE_FUNCTIONS(LionParamState, TORCHSPEED_LION_STATE, s.exp_avg().defined())
+TORCHSPEED_DEFINE_STATE_FUNCTIONS(LAMBParamState, TORCHSPEED_LAMB_STATE, s.exp_avg().defined())
 #undef TORCHSPEED_DEFINE_STATE_FUNCTIONS
 
 // ---- low-bit moments ----------------------------------------------------------------------------

@@ -427,6 +427,13 @@ TEST_CASE("a loaded low-bit state that does not match its group is refused; noth
        [](AdamParamState& s) { s.exp_avg_absmax(s.exp_avg_absmax().to(at::kDouble)); },
        where + "exp_avg_absmax of an int8 state must be Float with 17 elements (state_block 256), "
                "got Double with 17 elements"},
+      {"no step beside the moments (it used to restart at 0)",
+       [](AdamParamState& s) { s.step(torch::Tensor()); },
+       where + "step must be defined beside the moments (the steps taken), got none"},
+      {"a NaN step", [](AdamParamState& s) { s.step(torch::full({}, std::nanf(""))); },
+       where + "step must be a finite number >= 0 (the steps taken), got nan"},
+      {"a negative step", [](AdamParamState& s) { s.step(torch::full({}, -2.0)); },
+       where + "step must be a finite number >= 0 (the steps taken), got -2"},
       {"uint8 first-moment codes", [](AdamParamState& s) { s.exp_avg(s.exp_avg().to(at::kByte)); },
        where + "exp_avg of an int8 state must be Char with 4270 elements"},
       {"a missing absmax", [](AdamParamState& s) { s.exp_avg_sq_absmax(torch::Tensor()); },
