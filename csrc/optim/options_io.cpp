@@ -393,7 +393,7 @@ at::Tensor moment_fp32(const at::Tensor& codes, const at::Tensor& absmax, const 
 
 template <class State>
 void load_in_format(const char* optimizer, const std::string& where, State& s, const at::Tensor& p,
-                    MomentFormat format, int64_t state_block) {
+                    MomentFormat format, int64_t state_block, int64_t saved_block) {
   const std::vector<Moment> moments = moments_of(s);
   const auto is_codes = [](const at::Tensor& t) {
     return t.defined() && (t.scalar_type() == at::kChar || t.scalar_type() == at::kByte);
@@ -404,19 +404,20 @@ void load_in_format(const char* optimizer, const std::string& where, State& s, c
     all_defined = all_defined && m.values.defined();
   }
   if (int8) {
-    check_int8_state(optimizer, where, moments, p, state_block);
-    bool relaid = false;
+    check_int8_state(optimizer, where, moments, p, saved_block);
+    bool relaid = saved_block != state_block;
     for (const Moment& m : moments) relaid = relaid || !ops::laid_out_like(m.values, p);
     if (relaid && format != MomentFormat::kNone) {
-      // Codes in another memory layout than p's (e.g. saved from a contiguous param, loaded for
-      // a channels_last one): decoded in their own memory order, then moved to the same logical
-      // positions in p's layout, and converted to the group's format from float32.
+      // Codes of another state_block, or in another memory layout than p's (e.g. saved from a
+      // contiguous param, loaded for a channels_last one): decoded with their block in their own
+      // memory order, moved to the same logical positions in p's layout, and converted to the
+      // group's format from float32.
       std::vector<at::Tensor> values;
       for (const Moment& m : moments) {
         LowbitDecodeArgs d;
         d.codes = flat_in_memory_order(m.values);
         d.absmax = m.absmax;
-        d.state_block = state_block;
+        d.state_block = saved_block;
         const at::Tensor flat = lowbit_decode(d);
         values.push_back(m.values.sizes() == p.sizes()
                              ? like_param(laid_out_from_flat(flat, m.values, at::kFloat), p)
@@ -448,7 +449,7 @@ void load_in_format(const char* optimizer, const std::string& where, State& s, c
   template void set_moments(State&, const at::Tensor&, MomentFormat, int64_t,              \
                             const std::vector<at::Tensor>&);                               \
   template void load_in_format(const char*, const std::string&, State&, const at::Tensor&, \
-                               MomentFormat, int64_t);
+                               MomentFormat, int64_t, int64_t);
 TORCHSPEED_INSTANTIATE_LOWBIT(AdamParamState)
 TORCHSPEED_INSTANTIATE_LOWBIT(LionParamState)
 TORCHSPEED_INSTANTIATE_LOWBIT(SGDParamState)

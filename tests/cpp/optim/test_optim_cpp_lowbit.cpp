@@ -545,6 +545,50 @@ TEST_CASE("a low-bit state loads into a param of another memory layout at the sa
   }
 }
 
+TEST_CASE("an int8 state saved with another state_block is decoded with it and converted",
+          "[lowbit]") {
+  // The archive's group records the block of its codes; load() keeps the optimizer's own and
+  // converts (before: refused, "must be Float with 17 elements (state_block 256)", even into an
+  // fp32 optimizer).
+  ParamList src{torch::randn({70, 61}).requires_grad_(true)};
+  AdamW source(src, AdamWOptions(1e-2).state_dtype("int8").state_block(64));
+  set_grads(src, 0);
+  source.step();
+  const auto& s = state_of(source, src[0]);
+  std::vector<torch::Tensor> want;
+  for (auto [codes, absmax] : {std::pair{s.exp_avg(), s.exp_avg_absmax()},
+                               std::pair{s.exp_avg_sq(), s.exp_avg_sq_absmax()}}) {
+    torchspeed::LowbitDecodeArgs d;
+    d.codes = codes.reshape({-1});
+    d.absmax = absmax;
+    d.state_block = 64;
+    want.push_back(torchspeed::lowbit_decode(d));
+  }
+  ParamList dst = clone_params(src);
+  AdamW into_fp32(dst, AdamWOptions(1e-2));
+  load_from_string(into_fp32, save_to_string(source));
+  REQUIRE(torch::equal(state_of(into_fp32, dst[0]).exp_avg().reshape({-1}), want[0]));
+  REQUIRE(torch::equal(state_of(into_fp32, dst[0]).exp_avg_sq().reshape({-1}), want[1]));
+  REQUIRE(into_fp32.param_groups()[0].options().get_lr() == 1e-2);
+
+  AdamW into_int8(dst, AdamWOptions(1e-2).state_dtype("int8"));  // state_block 256
+  load_from_string(into_int8, save_to_string(source));
+  const auto& t = state_of(into_int8, dst[0]);
+  REQUIRE(static_cast<const AdamWOptions&>(into_int8.param_groups()[0].options()).state_block() ==
+          256);
+  for (int k = 0; k < 2; ++k) {
+    torchspeed::LowbitEncodeArgs e;
+    e.values = want[k];
+    e.is_signed = k == 0;
+    e.state_block = 256;
+    const auto [codes, absmax] = torchspeed::lowbit_encode(e);
+    REQUIRE(torch::equal((k == 0 ? t.exp_avg() : t.exp_avg_sq()).reshape({-1}), codes));
+    REQUIRE(torch::equal(k == 0 ? t.exp_avg_absmax() : t.exp_avg_sq_absmax(), absmax));
+  }
+  set_grads(dst, 1);
+  into_int8.step();  // and it steps
+}
+
 TEST_CASE("low-bit moments of a non-CPU param get the step's layout on that device", "[lowbit]") {
   // No GPU here: meta params go through the Meta kernel (shapes and dtypes, no data), the path a
   // CUDA param takes up to its kernel (kernels/cuda/optim_lowbit.cu).
