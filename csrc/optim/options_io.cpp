@@ -437,6 +437,19 @@ void load_in_format(const char* optimizer, const std::string& where, State& s, c
   // Missing moments are created by the next step, in the group's format.
   if (format == MomentFormat::kNone || !all_defined) return;
   if (stored_format(s) == format) return;
+  if (format == MomentFormat::kInt8 && !int8) {
+    // As Python's LowbitMoments._check_quantizable: lowbit_encode maps NaN to the block's largest
+    // code and a negative unsigned moment to 0, so such moments would come back changed.
+    for (const Moment& m : moments) {
+      const at::Tensor v = m.values.to(at::kFloat);
+      const at::Tensor bad =
+          m.is_signed ? at::isfinite(v).logical_not() : at::logical_not(at::isfinite(v) & (v >= 0));
+      TORCH_CHECK_VALUE(!bad.any().item<bool>(), "torchspeed.optim.", optimizer, ": ", where, ".",
+                        m.key, " must be ", m.is_signed ? "finite" : "finite and >= 0",
+                        " to be quantized to int8 (state_dtype 'int8'), got ",
+                        v.masked_select(bad)[0].item<float>());
+    }
+  }
   std::vector<at::Tensor> values;
   for (const Moment& m : moments) {
     values.push_back(moment_fp32(m.values, m.absmax, p, state_block));

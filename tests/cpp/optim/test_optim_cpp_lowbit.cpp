@@ -7,6 +7,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "catch_shim.h"
@@ -543,6 +544,43 @@ TEST_CASE("a low-bit state loads into a param of another memory layout at the sa
       }
     }
   }
+}
+
+TEST_CASE("float moments with NaN, inf or a negative exp_avg_sq are refused by an int8 load",
+          "[lowbit]") {
+  // lowbit_encode would map NaN to the block's largest code: the moment would come back finite.
+  // An fp32 optimizer loads them as they are, as torch does.
+  ParamList src{torch::randn({70, 61}).requires_grad_(true)};
+  AdamW source(src, AdamWOptions(1e-2));
+  set_grads(src, 0);
+  source.step();
+  auto& st = const_cast<AdamParamState&>(state_of(source, src[0]));
+  const AdamParamState good = st;
+  const std::string where = "torchspeed.optim.AdamW: state of param_groups[0].params[0].";
+  const std::vector<std::tuple<bool, float, std::string>> bads = {
+      {true, std::nanf(""), "exp_avg must be finite to be quantized to int8"},
+      {true, INFINITY, "exp_avg must be finite to be quantized to int8"},
+      {false, -1.0f, "exp_avg_sq must be finite and >= 0 to be quantized to int8"}};
+  for (const auto& [first, value, message] : bads) {
+    INFO(message);
+    st = good;
+    auto t = (first ? st.exp_avg() : st.exp_avg_sq()).clone();
+    t.view({-1})[5] = value;
+    first ? st.exp_avg(t) : st.exp_avg_sq(t);
+    ParamList dst = clone_params(src);
+    AdamW target(dst, AdamWOptions(1e-2).state_dtype("int8"));
+    try {
+      load_from_string(target, save_to_string(source));
+      FAIL("loaded");
+    } catch (const c10::ValueError& e) {
+      INFO(e.what());
+      REQUIRE(std::string(e.what()).find(where + message) != std::string::npos);
+    }
+    REQUIRE(target.state().empty());
+    AdamW fp32(dst, AdamWOptions(1e-2));
+    load_from_string(fp32, save_to_string(source));
+  }
+  st = good;
 }
 
 TEST_CASE("an int8 state saved with another state_block is decoded with it and converted",
