@@ -53,6 +53,13 @@ def check_options(optimizer: str, state_dtype, min_lowbit_numel, state_block, pr
                 f"torchspeed.optim.{optimizer}: {prefix}{name} must be {kind}, got "
                 f"{type(value).__name__} {value!r}"
             )
+    # Past int64 the op's schema refuses a value without naming it ("Expected a value of type
+    # 'int' ... found type 'int'"); the range rules themselves are the validator's.
+    for name, value in (("min_lowbit_numel", min_lowbit_numel), ("state_block", state_block)):
+        if not -(2**63) <= value < 2**63:
+            raise ValueError(
+                f"torchspeed.optim.{optimizer}: {prefix}{name} must fit in int64, got {value}"
+            )
     try:
         _op("lowbit_state_format")(state_dtype, 0, min_lowbit_numel, state_block)
     except ValueError as e:
