@@ -428,6 +428,8 @@ class LowbitMoments:
             # torch's state_dict shares each param's state dict with the optimizer: copy it.
             s = dict(s)
             p, group = owner[index]
+            if stored_format(s, first) == "int8":
+                self._check_stored_blocks(group, p)
             values = moments_fp32(s, p, group["state_block"], self._lowbit_moments)
             for (key, _), value in zip(self._lowbit_moments, values):
                 s[key] = value

@@ -208,6 +208,10 @@ def test_state_block_changed_under_a_stored_int8_state_is_refused_at_the_step(na
         _train(opt, params, 2, 3)
     _assert_state_equal(_state_copy(opt, params), before)
     assert all(torch.equal(p, v) for p, v in zip(params, values))
+    # torch_state_dict() decodes with the group's block: the same message (it was lowbit_decode's
+    # "absmax must be a contiguous float32 tensor of ceil(4096 / 512) = 8 elements").
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\.state_block must be the block of"):
+        opt.torch_state_dict()
 
 
 def _int8_opt(name="AdamW"):
