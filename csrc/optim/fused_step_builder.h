@@ -234,6 +234,11 @@ void load_checked(const char* name, Optimizer& self, torch::serialize::InputArch
   try {
     torch::optim::serialize<State, Options>(archive, self);
     auto& groups = self.param_groups();
+    std::vector<int64_t> saved_blocks;  // the block of each loaded group's int8 codes
+    for (size_t g = 0; g < groups.size(); ++g) {
+      saved_blocks.push_back(saved_state_block(name, c10::str("saved param_groups[", g, "]."),
+                                               static_cast<const Options&>(groups[g].options())));
+    }
     for (size_t g = 0; g < groups.size() && g < old_options.size(); ++g) {
       keep_on_load(static_cast<Options&>(groups[g].options()),
                    static_cast<const Options&>(*old_options[g]));
@@ -248,7 +253,8 @@ void load_checked(const char* name, Optimizer& self, torch::serialize::InputArch
         const std::string where = c10::str("state of param_groups[", g, "].params[", i, "]");
         check_state(name, where, s, p);
         place_state(s, p);
-        load_in_group_format(name, where, s, p, static_cast<const Options&>(groups[g].options()));
+        load_in_group_format(name, where, s, p, static_cast<const Options&>(groups[g].options()),
+                             saved_blocks[g]);
       }
     }
   } catch (...) {

@@ -5,6 +5,7 @@
 
 #include <torch/serialize/archive.h>
 
+#include <cmath>
 #include <string_view>
 #include <type_traits>
 
@@ -108,18 +109,23 @@ at::Tensor laid_out_from_flat(const at::Tensor& flat, const at::Tensor& p, at::S
 
 // An undefined state tensor of a loaded state is left undefined; a defined one may sit on another
 // device, have another dtype or memory layout, or (step) another shape. Low-bit moments keep their
-// dtype (their elements are copied in memory order, as Python's load does) and an absmax becomes
-// a flat contiguous float32 tensor; their sizes are checked by load_in_format.
+// dtype: bfloat16 ones go to the same logical positions in p's layout, int8 codes keep their own
+// (dense) layout, whose memory order their blocks run over (load_in_format lays them out like p),
+// and an absmax becomes a flat contiguous tensor of its own dtype; dtypes and sizes are checked
+// by load_in_format, as Python's LowbitMoments._load_value / _load_state.
 void place_on(at::Tensor& t, const at::Tensor& p, std::string_view name, bool lowbit_moments) {
   if (!t.defined()) return;
   if (name == "step") {
     t = t.to(p.device(), at::kFloat).reshape({});
   } else if (ends_with(name, "_absmax")) {
-    t = t.to(p.device(), at::kFloat).contiguous().reshape({-1});
-  } else if (lowbit_moments && is_lowbit_dtype(t.scalar_type())) {
+    t = t.to(p.device()).contiguous().reshape({-1});
+  } else if (lowbit_moments && t.scalar_type() == at::kBFloat16) {
     if (t.device() != p.device() || !ops::laid_out_like(t, p)) {
-      t = laid_out_from_flat(t.contiguous().to(p.device()), p, t.scalar_type());
+      t = ops::copy_laid_out_like(t.to(p.device()).reshape(p.sizes()), p, at::kBFloat16);
     }
+  } else if (lowbit_moments && is_lowbit_dtype(t.scalar_type())) {
+    t = t.to(p.device());
+    if (!t.is_non_overlapping_and_dense()) t = t.contiguous();
   } else if (t.device() != p.device() || t.scalar_type() != at::kFloat ||
              !ops::laid_out_like(t, p)) {
     t = like_param(t.to(p.device()).reshape(p.sizes()), p);
@@ -207,16 +213,31 @@ TORCHSPEED_DEFINE_OPTION_FUNCTIONS(LAMBOptions, TORCHSPEED_LAMB_OPTIONS)
                       "." #name " must have ", want, is_step ? " element" : " elements",     \
                       is_step ? "" : " like its param", ", got shape ", s.name().sizes());   \
   }
-#define TORCHSPEED_DEFINE_STATE_FUNCTIONS(State, LIST)                              \
+#define TORCHSPEED_DEFINE_STATE_FUNCTIONS(State, LIST, HAS_MOMENTS)                 \
   void place_state(State& s, const at::Tensor& p) { LIST(TORCHSPEED_STATE_PLACE) }  \
   void check_state(const char* optimizer, const std::string& where, const State& s, \
                    const at::Tensor& p) {                                           \
     LIST(TORCHSPEED_STATE_CHECK)                                                    \
+    check_step_count(optimizer, where, s.step(), HAS_MOMENTS);                      \
   }
-TORCHSPEED_DEFINE_STATE_FUNCTIONS(AdamParamState, TORCHSPEED_ADAM_STATE)
-TORCHSPEED_DEFINE_STATE_FUNCTIONS(SGDParamState, TORCHSPEED_SGD_STATE)
-TORCHSPEED_DEFINE_STATE_FUNCTIONS(LionParamState, TORCHSPEED_LION_STATE)
-TORCHSPEED_DEFINE_STATE_FUNCTIONS(LAMBParamState, TORCHSPEED_LAMB_STATE)
+namespace {
+// The step count of a loaded state, as Python's FusedOptimizer._load_value / _load_state: present
+// beside moments that need it (bias correction, the low-bit rounding seeds: a missing one used to
+// restart at 0 under the loaded moments), and a finite number >= 0.
+void check_step_count(const char* optimizer, const std::string& where, const at::Tensor& step,
+                      bool has_moments) {
+  TORCH_CHECK_VALUE(step.defined() || !has_moments, "torchspeed.optim.", optimizer, ": ", where,
+                    ".step must be defined beside the moments (the steps taken), got none");
+  if (!step.defined() || step.numel() != 1) return;
+  const double count = step.to(at::kDouble).item<double>();
+  TORCH_CHECK_VALUE(std::isfinite(count) && count >= 0, "torchspeed.optim.", optimizer, ": ", where,
+                    ".step must be a finite number >= 0 (the steps taken), got ", count);
+}
+}  // namespace
+TORCHSPEED_DEFINE_STATE_FUNCTIONS(AdamParamState, TORCHSPEED_ADAM_STATE, s.exp_avg().defined())
+TORCHSPEED_DEFINE_STATE_FUNCTIONS(SGDParamState, TORCHSPEED_SGD_STATE, false)
+TORCHSPEED_DEFINE_STATE_FUNCTIONS(LionParamState, TORCHSPEED_LION_STATE, s.exp_avg().defined())
+TORCHSPEED_DEFINE_STATE_FUNCTIONS(LAMBParamState, TORCHSPEED_LAMB_STATE, s.exp_avg().defined())
 #undef TORCHSPEED_DEFINE_STATE_FUNCTIONS
 
 // ---- low-bit moments ----------------------------------------------------------------------------
@@ -372,7 +393,7 @@ at::Tensor moment_fp32(const at::Tensor& codes, const at::Tensor& absmax, const 
 
 template <class State>
 void load_in_format(const char* optimizer, const std::string& where, State& s, const at::Tensor& p,
-                    MomentFormat format, int64_t state_block) {
+                    MomentFormat format, int64_t state_block, int64_t saved_block) {
   const std::vector<Moment> moments = moments_of(s);
   const auto is_codes = [](const at::Tensor& t) {
     return t.defined() && (t.scalar_type() == at::kChar || t.scalar_type() == at::kByte);
@@ -383,7 +404,28 @@ void load_in_format(const char* optimizer, const std::string& where, State& s, c
     all_defined = all_defined && m.values.defined();
   }
   if (int8) {
-    check_int8_state(optimizer, where, moments, p, state_block);
+    check_int8_state(optimizer, where, moments, p, saved_block);
+    bool relaid = saved_block != state_block;
+    for (const Moment& m : moments) relaid = relaid || !ops::laid_out_like(m.values, p);
+    if (relaid && format != MomentFormat::kNone) {
+      // Codes of another state_block, or in another memory layout than p's (e.g. saved from a
+      // contiguous param, loaded for a channels_last one): decoded with their block in their own
+      // memory order, moved to the same logical positions in p's layout, and converted to the
+      // group's format from float32.
+      std::vector<at::Tensor> values;
+      for (const Moment& m : moments) {
+        LowbitDecodeArgs d;
+        d.codes = flat_in_memory_order(m.values);
+        d.absmax = m.absmax;
+        d.state_block = saved_block;
+        const at::Tensor flat = lowbit_decode(d);
+        values.push_back(m.values.sizes() == p.sizes()
+                             ? like_param(laid_out_from_flat(flat, m.values, at::kFloat), p)
+                             : laid_out_from_flat(flat, p, at::kFloat));
+      }
+      set_moments(s, p, format, state_block, values);
+      return;
+    }
   } else if (all_defined) {
     for (const Moment& m : moments) {
       TORCH_CHECK_VALUE(m.values.scalar_type() == moments[0].values.scalar_type(),
@@ -395,6 +437,19 @@ void load_in_format(const char* optimizer, const std::string& where, State& s, c
   // Missing moments are created by the next step, in the group's format.
   if (format == MomentFormat::kNone || !all_defined) return;
   if (stored_format(s) == format) return;
+  if (format == MomentFormat::kInt8 && !int8) {
+    // As Python's LowbitMoments._check_quantizable: lowbit_encode maps NaN to the block's largest
+    // code and a negative unsigned moment to 0, so such moments would come back changed.
+    for (const Moment& m : moments) {
+      const at::Tensor v = m.values.to(at::kFloat);
+      const at::Tensor bad =
+          m.is_signed ? at::isfinite(v).logical_not() : at::logical_not(at::isfinite(v) & (v >= 0));
+      TORCH_CHECK_VALUE(!bad.any().item<bool>(), "torchspeed.optim.", optimizer, ": ", where, ".",
+                        m.key, " must be ", m.is_signed ? "finite" : "finite and >= 0",
+                        " to be quantized to int8 (state_dtype 'int8'), got ",
+                        v.masked_select(bad)[0].item<float>());
+    }
+  }
   std::vector<at::Tensor> values;
   for (const Moment& m : moments) {
     values.push_back(moment_fp32(m.values, m.absmax, p, state_block));
@@ -407,7 +462,7 @@ void load_in_format(const char* optimizer, const std::string& where, State& s, c
   template void set_moments(State&, const at::Tensor&, MomentFormat, int64_t,              \
                             const std::vector<at::Tensor>&);                               \
   template void load_in_format(const char*, const std::string&, State&, const at::Tensor&, \
-                               MomentFormat, int64_t);
+                               MomentFormat, int64_t, int64_t);
 TORCHSPEED_INSTANTIATE_LOWBIT(AdamParamState)
 TORCHSPEED_INSTANTIATE_LOWBIT(LionParamState)
 TORCHSPEED_INSTANTIATE_LOWBIT(SGDParamState)

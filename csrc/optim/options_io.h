@@ -105,9 +105,11 @@ void set_moments(State& s, const at::Tensor& p, MomentFormat format, int64_t sta
 // A loaded state (already placed on the param's device) checked as Python checks it (an int8
 // state's code dtypes and sizes, ceil(numel / state_block) finite absmaxes >= 0; one format for
 // all moments) and, when `format` is not kNone, converted to it: the param's format in its group.
+// `saved_block`: the state_block the loaded int8 codes were made with (their saved group's); codes
+// of another block or memory layout are decoded with it and converted from float32.
 template <class State>
 void load_in_format(const char* optimizer, const std::string& where, State& s, const at::Tensor& p,
-                    MomentFormat format, int64_t state_block);
+                    MomentFormat format, int64_t state_block, int64_t saved_block);
 
 // Whether an options class has the low-bit state options.
 template <class Options>
@@ -127,17 +129,30 @@ void keep_on_load(Options& loaded, const Options& own) {
   }
 }
 
+// The state_block a loaded group's options record (before keep_on_load): the block of its int8
+// codes, checked as the option is (`where`: "saved param_groups[g]."); 0 without state options.
+template <class Options>
+int64_t saved_state_block(const char* optimizer, const std::string& where, const Options& saved) {
+  if constexpr (kHasStateOptions<Options>) {
+    check_state_options(optimizer, where, "int8", 0, saved.state_block(), false);
+    return saved.state_block();
+  } else {
+    return 0;
+  }
+}
+
 // The load-time format hook of load_checked, as Python's LowbitMoments._load_state: the state
 // checked, then its moments converted to the group's format when the group has moments (SGD:
-// momentum != 0); SGD keeps `step` only beside a low-bit buffer (SGD._load_state).
+// momentum != 0); SGD keeps `step` only beside a low-bit buffer (SGD._load_state). `saved_block`:
+// saved_state_block of the loaded group.
 template <class State, class Options>
 void load_in_group_format(const char* optimizer, const std::string& where, State& s,
-                          const at::Tensor& p, const Options& o) {
+                          const at::Tensor& p, const Options& o, int64_t saved_block) {
   if constexpr (kHasLowbitMoments<State>) {
     bool active = true;
     if constexpr (std::is_same_v<State, SGDParamState>) active = o.momentum() != 0;
     load_in_format(optimizer, where, s, p, active ? moment_format(o, p) : MomentFormat::kNone,
-                   o.state_block());
+                   o.state_block(), saved_block);
     if constexpr (std::is_same_v<State, SGDParamState>) {
       const MomentFormat stored = stored_format(s);
       if (stored == MomentFormat::kFp32 || stored == MomentFormat::kNone) s.step(at::Tensor());

@@ -9,6 +9,7 @@ optimizers share, then every op call's arguments through the ops' own validators
 then creates state and runs the ops: a step that raises changes nothing.
 """
 
+import math
 import numbers
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -353,13 +354,22 @@ class FusedOptimizer(Optimizer):
                         f"torchspeed.optim.{name}: {where}['step'] must be a number or a "
                         f"one-element tensor, got shape {tuple(value.shape)}"
                     )
-                return value.detach().to(device=p.device, dtype=torch.float32).clone().reshape(())
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                step = value.detach().to(device=p.device, dtype=torch.float32).clone().reshape(())
+            elif isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ValueError(
                     f"torchspeed.optim.{name}: {where}['step'] must be a number or a one-element "
                     f"tensor, got {type(value).__name__}"
                 )
-            return torch.tensor(float(value), dtype=torch.float32, device=p.device)
+            else:
+                step = torch.tensor(float(value), dtype=torch.float32, device=p.device)
+            # A count: a NaN or negative one would turn every later update into NaN or noise.
+            count = float(step)
+            if not (math.isfinite(count) and count >= 0):
+                raise ValueError(
+                    f"torchspeed.optim.{name}: {where}['step'] must be a finite number >= 0 (the "
+                    f"steps taken), got {count}"
+                )
+            return step
         if not torch.is_tensor(value):
             return value
         if not (value.is_floating_point() and value.layout == torch.strided):
@@ -374,9 +384,21 @@ class FusedOptimizer(Optimizer):
             )
         return _like_param(value.detach().reshape(p.shape), p)
 
-    def _load_state(self, group, p: torch.Tensor, values: Dict[str, Any], where: str):
+    def _load_state(
+        self, group, p: torch.Tensor, values: Dict[str, Any], where: str, saved=None, saved_where=""
+    ):
         """One param's loaded state, after each entry's conversion: the subclass may convert it
-        as a whole (Adam: to the group's state format)."""
+        as a whole (Adam: to the group's state format; `saved` is the state_dict's group of p,
+        `saved_where` its name). Moments need their step count (bias correction, seeds)."""
+        if (
+            self._uses_step
+            and values.get("step") is None
+            and any(values.get(k) is not None for k in self._state_keys)
+        ):
+            raise ValueError(
+                f"torchspeed.optim.{type(self).__name__}: {where}['step'] must be a number or a "
+                f"one-element tensor beside the moments, got none"
+            )
         return values
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -384,6 +406,7 @@ class FusedOptimizer(Optimizer):
         first (hyperparameters, state sizes, an int `step` from old checkpoints); the optimizer
         changes only when all of it is good. torch casts floating state to the param dtype; fp32
         moments and masters are restored here without that downcast."""
+        as_saved = state_dict["param_groups"]  # before the kept keys: the state's own format
         if self._kept_on_load:
             # The optimizer's own state format is kept; the loaded moments are converted to it.
             state_dict = dict(state_dict)
@@ -399,7 +422,8 @@ class FusedOptimizer(Optimizer):
             self._check_hyperparameters(merged, f"state_dict param_groups[{i}]")
         index_to_param = {}
         index_to_group = {}
-        for saved_group, group in zip(saved_groups, self.param_groups):
+        index_to_saved = {}
+        for i, (saved_group, group) in enumerate(zip(saved_groups, self.param_groups)):
             if len(saved_group["params"]) != len(group["params"]):
                 raise ValueError(
                     "loaded state dict contains a parameter group that doesn't match the size "
@@ -408,6 +432,8 @@ class FusedOptimizer(Optimizer):
             index_to_param.update(zip(saved_group["params"], group["params"]))
             merged = {**self.defaults, **{k: v for k, v in saved_group.items() if k != "params"}}
             index_to_group.update((index, merged) for index in saved_group["params"])
+            saved_as = (as_saved[i], f"state_dict param_groups[{i}]")
+            index_to_saved.update((index, saved_as) for index in saved_group["params"])
         converted = {}
         for index, saved in state_dict["state"].items():
             p = index_to_param.get(index)
@@ -415,7 +441,10 @@ class FusedOptimizer(Optimizer):
                 continue
             where = f"state_dict state[{index!r}]"
             values = {k: self._load_value(k, v, p, where) for k, v in saved.items()}
-            converted[p] = self._load_state(index_to_group[index], p, values, where)
+            saved_group, saved_where = index_to_saved[index]
+            converted[p] = self._load_state(
+                index_to_group[index], p, values, where, saved_group, saved_where
+            )
         masks = self._masks  # torch's load_state_dict goes through __setstate__: keep the masks
         super().load_state_dict(state_dict)
         self._masks = masks

@@ -16,6 +16,7 @@ from typing import Dict, Tuple
 import torch
 
 from .._native import native_op
+from ._fused import _dense
 
 STATE_DTYPES = ("fp32", "bf16", "int8")
 #: Moments of tensors with fewer elements stay float32 under state_dtype="int8" (as bitsandbytes'
@@ -51,6 +52,13 @@ def check_options(optimizer: str, state_dtype, min_lowbit_numel, state_block, pr
             raise TypeError(
                 f"torchspeed.optim.{optimizer}: {prefix}{name} must be {kind}, got "
                 f"{type(value).__name__} {value!r}"
+            )
+    # Past int64 the op's schema refuses a value without naming it ("Expected a value of type
+    # 'int' ... found type 'int'"); the range rules themselves are the validator's.
+    for name, value in (("min_lowbit_numel", min_lowbit_numel), ("state_block", state_block)):
+        if not -(2**63) <= value < 2**63:
+            raise ValueError(
+                f"torchspeed.optim.{optimizer}: {prefix}{name} must fit in int64, got {value}"
             )
     try:
         _op("lowbit_state_format")(state_dtype, 0, min_lowbit_numel, state_block)
@@ -108,6 +116,16 @@ def quantize_m(m: torch.Tensor, block: int):
 
 def quantize_v(v: torch.Tensor, block: int):
     return quantize(v, False, block)
+
+
+def _same_memory_order(t: torch.Tensor, p: torch.Tensor) -> bool:
+    """Whether dense t holds its elements in p's memory order: both contiguous (any shapes), or
+    one shape and one layout (strides of size-1 dims do not matter); ops::laid_out_like in C++."""
+    if t.is_contiguous() and p.is_contiguous():
+        return True
+    return t.shape == p.shape and all(
+        a == b for a, b, n in zip(t.stride(), p.stride(), p.shape) if n > 1
+    )
 
 
 def _laid_out(flat: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -213,9 +231,31 @@ class LowbitMoments:
         for bucket in buckets:
             by_format = {}
             for p in bucket:
-                by_format.setdefault(self._stored_or_new_format(group, p), []).append(p)
+                fmt = self._stored_or_new_format(group, p)
+                if fmt == "int8":
+                    self._check_stored_blocks(group, p)
+                by_format.setdefault(fmt, []).append(p)
             out += list(by_format.values())
         return out
+
+    def _check_stored_blocks(self, group, p):
+        """A group's state_block changed under its stored int8 state would reach the op as an
+        absmax of the wrong length: say which option and how to change it."""
+        s = self.state.get(p)
+        absmax = s.get(absmax_key(self._lowbit_moments[0][0])) if s else None
+        block = group["state_block"]
+        if absmax is None or absmax.numel() == -(-p.numel() // block):
+            return
+        index = next(i for i, g in enumerate(self.param_groups) if g is group)
+        position = next(j for j, q in enumerate(group["params"]) if q is p)
+        raise ValueError(
+            f"torchspeed.optim.{type(self).__name__}: param_groups[{index}].state_block must be "
+            f"the block of its params' stored int8 state, got {block}: "
+            f"param_groups[{index}].params[{position}] holds {absmax.numel()} blocks of its "
+            f"{p.numel()} elements (ceil({p.numel()} / {block}) = {-(-p.numel() // block)}); "
+            "to change state_block, take sd = opt.state_dict(), set it, then "
+            "opt.load_state_dict(sd)"
+        )
 
     def _bucket_state_keys(self, group, p):
         keys = super()._bucket_state_keys(group, p)
@@ -248,30 +288,47 @@ class LowbitMoments:
                 and value.dtype in (torch.int8, torch.uint8, torch.bfloat16)
             )
         ):
-            # Low-bit moments and their absmaxes: sizes are checked with the whole state
-            # (_load_state); codes are copied in memory order, laid out like the param.
-            if value.layout != torch.strided or not value.is_contiguous():
+            # Low-bit moments and their absmaxes: dtypes and sizes are checked with the whole
+            # state (_load_state), which also lays int8 codes out like the param.
+            if value.layout != torch.strided or not _dense(value):
                 value = value.contiguous()
             if key in absmaxes:
-                return value.detach().to(p.device).float().clone().reshape(-1)
+                return value.detach().to(p.device).clone().reshape(-1)
             if value.numel() != p.numel():
                 raise ValueError(
                     f"torchspeed.optim.{type(self).__name__}: {where}['{key}'] must have "
                     f"{p.numel()} elements like its param, got {value.numel()} (shape "
                     f"{tuple(value.shape)})"
                 )
-            return _laid_out(value.detach().reshape(-1), p, value.dtype)
+            if value.dtype == torch.bfloat16:
+                # Per element: the values go to the same logical positions in p's layout.
+                out = torch.empty_like(p, dtype=value.dtype, memory_format=torch.preserve_format)
+                return out.copy_(value.detach().reshape(p.shape))
+            # int8 codes keep their own layout: their blocks run over its memory order.
+            return value.detach().to(p.device).clone(memory_format=torch.preserve_format)
         return super()._load_value(key, value, p, where)
 
-    def _load_state(self, group, p, values, where):
-        """A loaded state converted to its group's format (see load_state_dict)."""
+    def _saved_block(self, saved, where, own: int) -> int:
+        """The state_block the int8 codes of a loaded state were made with: their saved group's
+        (`own`, the optimizer's, when the group does not record one)."""
+        block = (saved or {}).get("state_block", own)
+        check_options(type(self).__name__, "int8", DEFAULT_MIN_LOWBIT_NUMEL, block, f"{where}.")
+        return block
+
+    def _load_state(self, group, p, values, where, saved=None, saved_where=""):
+        """A loaded state converted to its group's format (see load_state_dict). `saved`: the
+        state_dict's group of p, which records the state_block of int8 codes."""
+        values = super()._load_state(group, p, values, where)
         name = type(self).__name__
         keys = [k for k, _ in self._lowbit_moments]
         first = values.get(keys[0])
+        block = group["state_block"]
         if any(absmax_key(k) in values for k in keys) or (
             torch.is_tensor(first) and first.dtype == torch.int8
         ):
-            self._check_int8_state(name, values, p, where, group["state_block"])
+            saved_block = self._saved_block(saved, saved_where, block)
+            self._check_int8_state(name, values, p, where, saved_block)
+            values = self._int8_laid_out(values, p, saved_block, block)
         elif all(torch.is_tensor(values.get(k)) for k in keys):
             dtypes = [values[k].dtype for k in keys]
             if len(set(dtypes)) > 1:
@@ -282,9 +339,48 @@ class LowbitMoments:
         if not self._lowbit_active(group) or any(values.get(k) is None for k in keys):
             return values
         fmt = self._format_for(group, p)
+        if fmt == "int8" and stored_format(values, keys[0]) != "int8":
+            self._check_quantizable(name, values, where)
         if fmt != "fp32":
             self._has_lowbit_state = True
-        return to_format(values, p, fmt, group["state_block"], self._lowbit_moments)
+        return to_format(values, p, fmt, block, self._lowbit_moments)
+
+    def _int8_laid_out(self, values, p, saved_block, block) -> Dict:
+        """A checked int8 state with its codes laid out like p: copied when they already run over
+        p's memory order in blocks of `block`, else decoded (in their own memory order, blocks of
+        `saved_block`) to float32 moments laid out like p, which the group's format then takes."""
+        copied = saved_block == block and all(
+            _same_memory_order(values[k], p) for k, _ in self._lowbit_moments
+        )
+        values = dict(values)
+        for key, _ in self._lowbit_moments:
+            codes = values[key]
+            if copied:
+                values[key] = _laid_out(_flat(codes), p, codes.dtype)
+                continue
+            flat = dequantize(codes, values.pop(absmax_key(key)), saved_block)
+            if codes.shape == p.shape:
+                # Decoded in the codes' memory order, then moved to the same logical positions.
+                values[key] = torch.zeros_like(
+                    p, dtype=torch.float32, memory_format=torch.preserve_format
+                ).copy_(_laid_out(flat, codes, torch.float32))
+            else:
+                values[key] = _laid_out(flat, p, torch.float32)
+        return values
+
+    def _check_quantizable(self, name, values, where):
+        """float moments that are about to be quantized to int8: lowbit_encode maps NaN to the
+        largest code and a negative unsigned moment to 0, so they would come back changed."""
+        for key, signed in self._lowbit_moments:
+            t = values[key]
+            bad = ~torch.isfinite(t) if signed else ~(torch.isfinite(t) & (t >= 0))
+            if bool(bad.any()):
+                rule = "finite" if signed else "finite and >= 0"
+                raise ValueError(
+                    f"torchspeed.optim.{name}: {where}['{key}'] must be {rule} to be quantized "
+                    f"to int8 (state_dtype='int8'), got {t.reshape(-1)[bad.reshape(-1)][0].item()}"
+                    f" at {int(bad.reshape(-1).nonzero()[0])} (in memory order)"
+                )
 
     def _check_int8_state(self, name, values, p, where, block):
         blocks = -(-p.numel() // block)
@@ -332,6 +428,8 @@ class LowbitMoments:
             # torch's state_dict shares each param's state dict with the optimizer: copy it.
             s = dict(s)
             p, group = owner[index]
+            if stored_format(s, first) == "int8":
+                self._check_stored_blocks(group, p)
             values = moments_fp32(s, p, group["state_block"], self._lowbit_moments)
             for (key, _), value in zip(self._lowbit_moments, values):
                 s[key] = value

@@ -74,8 +74,8 @@ class SGD(_lowbit.LowbitMoments, FusedOptimizer):
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
         return state
 
-    def _load_state(self, group, p, values, where):
-        values = super()._load_state(group, p, values, where)
+    def _load_state(self, group, p, values, where, saved=None, saved_where=""):
+        values = super()._load_state(group, p, values, where, saved, saved_where)
         if _lowbit.stored_format(values, "momentum_buffer") == "fp32":
             values.pop("step", None)  # only a low-bit buffer has one (torch.optim.SGD's state)
         return values

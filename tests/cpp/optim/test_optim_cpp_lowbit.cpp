@@ -7,6 +7,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "catch_shim.h"
@@ -423,6 +424,17 @@ TEST_CASE("a loaded low-bit state that does not match its group is refused; noth
       {"absmax of the wrong length", [](AdamParamState& s) { s.exp_avg_absmax(torch::ones({3})); },
        where + "exp_avg_absmax of an int8 state must be Float with 17 elements (state_block 256), "
                "got Float with 3 elements"},
+      {"a float64 absmax (it was cast to float32 before the dtype rule ran)",
+       [](AdamParamState& s) { s.exp_avg_absmax(s.exp_avg_absmax().to(at::kDouble)); },
+       where + "exp_avg_absmax of an int8 state must be Float with 17 elements (state_block 256), "
+               "got Double with 17 elements"},
+      {"no step beside the moments (it used to restart at 0)",
+       [](AdamParamState& s) { s.step(torch::Tensor()); },
+       where + "step must be defined beside the moments (the steps taken), got none"},
+      {"a NaN step", [](AdamParamState& s) { s.step(torch::full({}, std::nanf(""))); },
+       where + "step must be a finite number >= 0 (the steps taken), got nan"},
+      {"a negative step", [](AdamParamState& s) { s.step(torch::full({}, -2.0)); },
+       where + "step must be a finite number >= 0 (the steps taken), got -2"},
       {"uint8 first-moment codes", [](AdamParamState& s) { s.exp_avg(s.exp_avg().to(at::kByte)); },
        where + "exp_avg of an int8 state must be Char with 4270 elements"},
       {"a missing absmax", [](AdamParamState& s) { s.exp_avg_sq_absmax(torch::Tensor()); },
@@ -473,6 +485,146 @@ TEST_CASE("a loaded low-bit state that does not match its group is refused; noth
   st = good;
   load_from_string(target, save_to_string(source));
   require_equal_state(state_of(target, copies[0]), good);
+}
+
+TEST_CASE("a low-bit state loads into a param of another memory layout at the same positions",
+          "[lowbit]") {
+  // Saved from a contiguous param, loaded for a channels_last one of the same shape: bf16 moments
+  // keep their logical positions, int8 codes are decoded in their own memory order (their blocks
+  // run over it). Before: both were copied in logical order into the param's memory order.
+  for (const std::string format : {"int8", "bf16"}) {
+    INFO(format);
+    torch::manual_seed(3);
+    ParamList src{torch::randn({8, 16, 6, 7}).requires_grad_(true)};
+    AdamW source(src, AdamWOptions(1e-2).state_dtype(format));
+    set_grads(src, 0);
+    source.step();
+    const auto& s = state_of(source, src[0]);
+    std::vector<torch::Tensor> want;
+    for (auto [codes, absmax] : {std::pair{s.exp_avg(), s.exp_avg_absmax()},
+                                 std::pair{s.exp_avg_sq(), s.exp_avg_sq_absmax()}}) {
+      if (!absmax.defined()) {
+        want.push_back(codes.to(at::kFloat));
+        continue;
+      }
+      torchspeed::LowbitDecodeArgs d;
+      d.codes = codes.reshape({-1});  // contiguous: memory order is logical order
+      d.absmax = absmax;
+      d.state_block = kBlock;
+      want.push_back(torchspeed::lowbit_decode(d).reshape(codes.sizes()));
+    }
+    ParamList dst{src[0].detach().contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true)};
+    // Into float32 (exact) and into the same format.
+    for (const std::string& target_format : {std::string("fp32"), format}) {
+      INFO(target_format);
+      AdamW target(dst, AdamWOptions(1e-2).state_dtype(target_format));
+      load_from_string(target, save_to_string(source));
+      const auto& t = state_of(target, dst[0]);
+      REQUIRE(t.exp_avg().is_contiguous(at::MemoryFormat::ChannelsLast));
+      const std::vector<std::pair<torch::Tensor, torch::Tensor>> got = {
+          {t.exp_avg(), t.exp_avg_absmax()}, {t.exp_avg_sq(), t.exp_avg_sq_absmax()}};
+      for (size_t k = 0; k < got.size(); ++k) {
+        torch::Tensor value = got[k].first.to(at::kFloat);
+        if (got[k].second.defined()) {
+          torchspeed::LowbitDecodeArgs d;
+          d.codes = memory_order(got[k].first);
+          d.absmax = got[k].second;
+          d.state_block = kBlock;
+          // Back from the channels_last memory order to logical positions.
+          value = torchspeed::lowbit_decode(d).reshape({8, 6, 7, 16}).permute({0, 3, 1, 2});
+        }
+        if (target_format == "int8") {
+          // Requantized in the new memory order: within the map's error.
+          const auto w = want[k];
+          const auto tol = w.abs().max() * std::pow(2.0, -14);
+          REQUIRE(((value - w).abs() <= w.abs() / 16 + tol).all().item<bool>());
+        } else {
+          REQUIRE(torch::equal(value, want[k]));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("float moments with NaN, inf or a negative exp_avg_sq are refused by an int8 load",
+          "[lowbit]") {
+  // lowbit_encode would map NaN to the block's largest code: the moment would come back finite.
+  // An fp32 optimizer loads them as they are, as torch does.
+  ParamList src{torch::randn({70, 61}).requires_grad_(true)};
+  AdamW source(src, AdamWOptions(1e-2));
+  set_grads(src, 0);
+  source.step();
+  auto& st = const_cast<AdamParamState&>(state_of(source, src[0]));
+  const AdamParamState good = st;
+  const std::string where = "torchspeed.optim.AdamW: state of param_groups[0].params[0].";
+  const std::vector<std::tuple<bool, float, std::string>> bads = {
+      {true, std::nanf(""), "exp_avg must be finite to be quantized to int8"},
+      {true, INFINITY, "exp_avg must be finite to be quantized to int8"},
+      {false, -1.0f, "exp_avg_sq must be finite and >= 0 to be quantized to int8"}};
+  for (const auto& [first, value, message] : bads) {
+    INFO(message);
+    st = good;
+    auto t = (first ? st.exp_avg() : st.exp_avg_sq()).clone();
+    t.view({-1})[5] = value;
+    first ? st.exp_avg(t) : st.exp_avg_sq(t);
+    ParamList dst = clone_params(src);
+    AdamW target(dst, AdamWOptions(1e-2).state_dtype("int8"));
+    try {
+      load_from_string(target, save_to_string(source));
+      FAIL("loaded");
+    } catch (const c10::ValueError& e) {
+      INFO(e.what());
+      REQUIRE(std::string(e.what()).find(where + message) != std::string::npos);
+    }
+    REQUIRE(target.state().empty());
+    AdamW fp32(dst, AdamWOptions(1e-2));
+    load_from_string(fp32, save_to_string(source));
+  }
+  st = good;
+}
+
+TEST_CASE("an int8 state saved with another state_block is decoded with it and converted",
+          "[lowbit]") {
+  // The archive's group records the block of its codes; load() keeps the optimizer's own and
+  // converts (before: refused, "must be Float with 17 elements (state_block 256)", even into an
+  // fp32 optimizer).
+  ParamList src{torch::randn({70, 61}).requires_grad_(true)};
+  AdamW source(src, AdamWOptions(1e-2).state_dtype("int8").state_block(64));
+  set_grads(src, 0);
+  source.step();
+  const auto& s = state_of(source, src[0]);
+  std::vector<torch::Tensor> want;
+  for (auto [codes, absmax] : {std::pair{s.exp_avg(), s.exp_avg_absmax()},
+                               std::pair{s.exp_avg_sq(), s.exp_avg_sq_absmax()}}) {
+    torchspeed::LowbitDecodeArgs d;
+    d.codes = codes.reshape({-1});
+    d.absmax = absmax;
+    d.state_block = 64;
+    want.push_back(torchspeed::lowbit_decode(d));
+  }
+  ParamList dst = clone_params(src);
+  AdamW into_fp32(dst, AdamWOptions(1e-2));
+  load_from_string(into_fp32, save_to_string(source));
+  REQUIRE(torch::equal(state_of(into_fp32, dst[0]).exp_avg().reshape({-1}), want[0]));
+  REQUIRE(torch::equal(state_of(into_fp32, dst[0]).exp_avg_sq().reshape({-1}), want[1]));
+  REQUIRE(into_fp32.param_groups()[0].options().get_lr() == 1e-2);
+
+  AdamW into_int8(dst, AdamWOptions(1e-2).state_dtype("int8"));  // state_block 256
+  load_from_string(into_int8, save_to_string(source));
+  const auto& t = state_of(into_int8, dst[0]);
+  REQUIRE(static_cast<const AdamWOptions&>(into_int8.param_groups()[0].options()).state_block() ==
+          256);
+  for (int k = 0; k < 2; ++k) {
+    torchspeed::LowbitEncodeArgs e;
+    e.values = want[k];
+    e.is_signed = k == 0;
+    e.state_block = 256;
+    const auto [codes, absmax] = torchspeed::lowbit_encode(e);
+    REQUIRE(torch::equal((k == 0 ? t.exp_avg() : t.exp_avg_sq()).reshape({-1}), codes));
+    REQUIRE(torch::equal(k == 0 ? t.exp_avg_absmax() : t.exp_avg_sq_absmax(), absmax));
+  }
+  set_grads(dst, 1);
+  into_int8.step();  // and it steps
 }
 
 TEST_CASE("low-bit moments of a non-CPU param get the step's layout on that device", "[lowbit]") {

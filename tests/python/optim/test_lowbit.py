@@ -277,6 +277,10 @@ def test_state_bytes_per_param():
         (dict(state_block=8192), ValueError, "state_block must be a power of two .*, got 8192"),
         (dict(min_lowbit_numel=-1), ValueError, "min_lowbit_numel must be an int >= 0, got -1"),
         (dict(min_lowbit_numel=1.5), TypeError, "min_lowbit_numel must be an int"),
+        # Past int64 the op's schema used to refuse it: "Expected a value of type 'int' ... found
+        # type 'int'".
+        (dict(min_lowbit_numel=2**70), ValueError, "min_lowbit_numel must fit in int64, got 1180"),
+        (dict(state_block=-(2**64)), ValueError, "state_block must fit in int64, got -1844"),
     ],
 )
 def test_bad_low_bit_arguments(kw, error, message):
