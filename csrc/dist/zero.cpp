@@ -73,6 +73,15 @@ ZeroShards::ZeroShards(AccumulatingDDP& ddp) : ddp_(ddp) {
       layout_[b].push_back(piece);
     }
   }
+  // A rank with padding only: the reducer marks element 0 of its first non-empty shard (see
+  // Reducer::agree_on_nonfinite).
+  const bool owns_nothing = std::all_of(layout_.begin(), layout_.end(),
+                                        [](const auto& pieces) { return pieces.empty(); });
+  for (size_t b = 0; b < nb && owns_nothing; ++b) {
+    if (grad_shards_[b].numel() == 0) continue;
+    nonfinite_flag_ = grad_shards_[b].narrow(0, 0, 1);
+    break;
+  }
 }
 
 ZeroShards::~ZeroShards() {

@@ -115,6 +115,11 @@ void bind_dist(pybind11::module_& m) {
           },
           py::arg("bucket"))
       .def("shard_numel", &ZeroShards::shard_numel, py::arg("bucket"))
+      .def_property_readonly("nonfinite_flag",
+                             [](const ZeroShards& z) -> std::optional<at::Tensor> {
+                               if (!z.nonfinite_flag().defined()) return std::nullopt;
+                               return z.nonfinite_flag();
+                             })
       .def(
           "begin_step",
           [](ZeroShards& z, std::optional<at::Tensor> grad_scale,

@@ -69,6 +69,12 @@ class TORCHSPEED_API ZeroShards {
   const std::vector<ZeroPiece>& layout(int64_t bucket) const;
   /// Elements of this rank's shard of bucket b (padded bucket numel / world).
   int64_t shard_numel(int64_t bucket) const;
+  /// On a rank that owns no param element of any bucket (its shards are padding only: more ranks
+  /// than elements per bucket): a 1-element view of its first shard's padding gradient, inf after
+  /// a synchronising backward that found inf/NaN on some rank, else 0. Hand it to a GradScaler as
+  /// a gradient, so its found_inf and scale follow every other rank's (whose pieces' gradients
+  /// carry the inf). Undefined on every other rank.
+  const at::Tensor& nonfinite_flag() const { return nonfinite_flag_; }
 
   /// Starts a step. Returns false (and changes nothing) when the step must be skipped: the last
   /// synchronising backward found inf/NaN on some rank, or found_inf (GradScaler's) is nonzero.
@@ -100,6 +106,7 @@ class TORCHSPEED_API ZeroShards {
   std::vector<at::Tensor> grad_shards_;
   std::vector<at::Tensor> shards_;    // per bucket: this rank's shard (the pieces are views)
   std::vector<at::Tensor> gathered_;  // per bucket: the full padded bucket after the gather
+  at::Tensor nonfinite_flag_;         // see nonfinite_flag()
   std::vector<std::vector<at::Tensor>> pieces_;
   std::vector<std::vector<at::Tensor>> piece_grads_;
   std::vector<std::vector<ZeroPiece>> layout_;
