@@ -145,6 +145,22 @@ class TORCHSPEED_API ZeroOptimizer {
   /// The module's gradients (AccumulatingDDP::zero_grad: the buckets, zeroed in place).
   void zero_grad();
 
+  /// This rank's shard, laid out as Python's torchspeed.dist.ZeroOptimizer.state_dict() (format
+  /// "torchspeed.dist.zero1/v2", a dict of str): world_size, rank, optimizer_class, layout (per
+  /// bucket its padded size, dtype, its params as [slot, offset, numel] and this rank's pieces as
+  /// [slot, offset into the param, numel]), param_shapes, and shards (per bucket {"state": piece
+  /// index -> {name -> value}, "param_groups": [its options and "params"]}, the optimizer's own
+  /// state and options, by name). torch::pickle_save writes it (torch.load reads the file in
+  /// Python, and torchspeed.dist.consolidate_state_dict takes every rank's).
+  c10::IValue state_dict() const;
+  /// This rank's own state dict (same world size and rank), or every rank's state dicts in rank
+  /// order from a run on any world size: each param's elementwise state is put together from the
+  /// old pieces and cut for this rank's; scalars (a step count) are copied. Everything is checked
+  /// and built before any optimizer changes, and an optimizer that refuses its part gets its old
+  /// state back: a bad state raises and nothing is loaded. The params come from the model's own
+  /// checkpoint (the next step reads them).
+  void load_state_dict(const std::vector<c10::IValue>& state_dicts);
+
   /// The optimizer of bucket b, or nullptr when this rank has no piece of it.
   torch::optim::Optimizer* optimizer(int64_t bucket) const;
   ZeroShards& shards() { return *shards_; }
