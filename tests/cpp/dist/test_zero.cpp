@@ -6,7 +6,9 @@
 // ranks) and continue bit-identically; Python-style dicts load; bad states load nothing.
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -528,4 +530,99 @@ TEST_CASE("ZeroOptimizer (C++) load_state_dict puts every bucket back when one o
   CHECK_THAT(err, Contains("every bucket's optimizer must accept its state and options by name"));
   CHECK_THAT(err, Contains("nothing was loaded"));
   CHECK(torch::pickle_save(opt.state_dict()) == before);
+}
+
+// ---- a rank whose shard is padding only
+// ------------------------------------------------------------
+
+namespace {
+
+struct EmptyRankOut {
+  std::vector<torch::Tensor> params;
+  std::vector<bool> stepped;  // per step: opt.step()'s result
+  std::vector<double> flag;   // per step: the nonfinite flag after backward (NaN: undefined)
+  int64_t owned = 0;
+  std::string error;
+};
+
+torch::nn::Sequential tiny_net() {  // 9 elements: on 4 ranks rank 3's shard is padding only
+  torch::nn::Sequential net(torch::nn::Linear(8, 1), torch::nn::Tanh());
+  net->to(torch::kFloat64);
+  torch::NoGradGuard no_grad;
+  int i = 0;
+  for (auto& p : net->parameters()) {
+    p.copy_((0.3 * torch::cos(torch::arange(p.numel(), torch::kFloat64) + ++i)).reshape(p.sizes()));
+  }
+  return net;
+}
+
+std::pair<torch::Tensor, torch::Tensor> tiny_batch(int step, int rank) {
+  auto x = torch::sin(0.7 * torch::arange(5 * 8, torch::kFloat64).reshape({5, 8}) + step + rank);
+  if (step == 1 && rank == 0) x[0][0] = std::numeric_limits<double>::infinity();
+  return {x, torch::cos(x.sum(1, true))};
+}
+
+EmptyRankOut empty_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+  EmptyRankOut out;
+  try {
+    auto group = tsd::new_gloo_group(store, rank, 4, std::chrono::seconds(60));
+    auto net = tiny_net();
+    tsd::AccumulatingDDP ddp(*net, group, tsd::DDPOptions().zero(1));
+    tsd::ZeroOptimizer opt(ddp, [](std::vector<torch::Tensor> p) { return make_opt(false, p); });
+    for (int64_t b = 0; b < opt.shards().num_buckets(); ++b) {
+      for (const auto& piece : opt.shards().pieces(b)) out.owned += piece.numel();
+    }
+    for (int step = 0; step < 3; ++step) {
+      ddp.begin_micro_step();
+      auto [x, y] = tiny_batch(step, rank);
+      torch::mse_loss(net->forward(x), y).backward();
+      const auto& flag = opt.shards().nonfinite_flag();
+      out.flag.push_back(flag.defined() ? flag.item<double>() : std::nan(""));
+      out.stepped.push_back(opt.step());
+      opt.zero_grad();
+    }
+    for (auto& p : net->parameters()) out.params.push_back(p.detach().clone());
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ZeroOptimizer (C++): a rank that owns no element skips with the others and steps equal") {
+  setenv("GLOO_SOCKET_IFNAME", "lo", 0);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<EmptyRankOut> out(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) threads.emplace_back([&, r] { out[r] = empty_rank(r, store); });
+  for (auto& t : threads) t.join();
+  // One process: the mean over the 4 ranks' batches, step 1 skipped (its gradient is not finite).
+  auto net = tiny_net();
+  auto ref_opt = make_opt(false, net->parameters());
+  for (int step = 0; step < 3; ++step) {
+    for (int r = 0; r < 4; ++r) {
+      auto [x, y] = tiny_batch(step, r);
+      (torch::mse_loss(net->forward(x), y) / 4).backward();
+    }
+    if (step != 1) ref_opt->step();
+    ref_opt->zero_grad();
+  }
+  std::vector<torch::Tensor> ref;
+  for (auto& p : net->parameters()) ref.push_back(p.detach().clone());
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << out[r].error);
+    REQUIRE(out[r].error.empty());
+    CHECK(out[r].stepped == std::vector<bool>{true, false, true});
+    CHECK((out[r].owned == 0) == (r == 3));
+    if (r == 3) {  // the flag GradScaler sees on the empty rank: inf exactly when all skip
+      CHECK(out[r].flag[0] == 0.0);
+      CHECK(std::isinf(out[r].flag[1]));
+      CHECK(out[r].flag[2] == 0.0);
+    } else {
+      CHECK(std::isnan(out[r].flag[0]));  // undefined: its pieces carry the inf
+    }
+    require_close(out[r].params, ref, 1e-12, "rank " + std::to_string(r));
+  }
 }
