@@ -538,3 +538,43 @@ def test_empty_shard_state_dicts_reshard_4_to_1_and_consolidate(zempty, single_g
     ref = case_reference("e", 4, {"e": EMPTY_RESUME}, start=start)
     for n, want in final.items():
         torch.testing.assert_close(ref[n], want, **F64, msg=n)
+
+
+def _cpp_style(sd):
+    """A state dict as the C++ ZeroOptimizer over torch::optim::AdamW writes it (the same v2
+    layout): int step counts, only torch::optim's options, the C++ class name."""
+    out = copy.deepcopy(sd)
+    out["optimizer_class"] = "torch::optim::AdamW"
+    for shard in out["shards"]:
+        for st in shard["state"].values():
+            st["step"] = int(st["step"])
+        shard["param_groups"] = [
+            {k: g[k] for k in ("lr", "betas", "eps", "weight_decay", "amsgrad", "params")}
+            for g in shard["param_groups"]
+        ]
+    return out
+
+
+def test_state_dicts_in_the_cpp_layout_load_and_consolidate(zero2, single_group):
+    """The C++ ZeroOptimizer writes the same v2 layout (tests/cpp/dist/test_zero.cpp loads
+    Python-style dicts the other way): Python re-shards C++-style dicts 2 -> 1 and consolidates
+    them into a plain torch.optim.AdamW state, and both continue to the 2-rank run's end."""
+    ck = _checkpoint(zero2, "z_resume")
+    ck["optimizers"] = [_cpp_style(sd) for sd in ck["optimizers"]]
+    got = _resume_in_one_process(single_group, ck, 2, RESUME["k"], RESUME["steps"])
+    want = zero2[0]["pt"]["z_resume"]["params"]
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], **F64, msg=n)
+    plain = consolidate_state_dict(ck["optimizers"])
+    ref = reference(
+        "plain",
+        2,
+        RESUME["k"],
+        RESUME["steps"],
+        4,
+        torch.float64,
+        "adamw",
+        start=(ck["step"], ck["model"], plain),
+    )
+    for n in want:
+        torch.testing.assert_close(ref[n], want[n], **F64, msg=n)
