@@ -18,8 +18,14 @@
 // a step (frozen, or unused on every rank with find_unused_parameters) gets no state and no update,
 // and its step count does not advance. Python: torchspeed.dist.ZeroOptimizer drives the same
 // ZeroShards with a Python optimizer per bucket.
+//
+// Checkpoints share Python's v2 layout and file format:
+//   auto bytes = torch::pickle_save(opt.state_dict());          // this rank's shard (torch.save's)
+//   opt.load_state_dict({torch::pickle_load(bytes)});           // the same world size, or
+//   opt.load_state_dict(every_ranks_dicts);                     // any world size, re-sharded
 #pragma once
 
+#include <ATen/core/ivalue.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
