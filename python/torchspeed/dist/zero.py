@@ -238,8 +238,9 @@ def _copy(v):
 
 
 def _group_of(dicts, b) -> dict:
-    """Bucket b's hyperparameters (the same on every rank), without its params."""
-    group = dicts[0]["shards"][b]["param_groups"][0]
+    """Bucket b's hyperparameters (the same on every rank), without its params. A C++ state dict
+    has no group for a bucket it owns nothing of: the first rank that has one gives it."""
+    group = next(g[0] for g in (d["shards"][b]["param_groups"] for d in dicts) if g)
     return {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
 
 
