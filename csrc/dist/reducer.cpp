@@ -586,11 +586,20 @@ void Reducer::agree_on_nonfinite() {
   ++stats_.nonfinite_steps;
   at::NoGradGuard no_grad;
   // The first shard element that belongs to a param (padding is no optimizer's gradient): a
-  // GradScaler looks at the params' gradients only.
+  // GradScaler looks at the params' gradients only. A rank that owns no param element of any
+  // bucket marks its first non-empty shard's padding instead: ZeroShards::nonfinite_flag() hands
+  // that element to the GradScaler, whose scale must change as on every other rank.
+  Bucket* target = nullptr;
   for (Bucket& k : buckets_) {
-    if (k.shard.numel() == 0 || rank_ * k.shard.numel() >= k.used) continue;
-    k.shard.narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
-    break;
+    if (k.shard.numel() == 0) continue;
+    if (target == nullptr) target = &k;
+    if (rank_ * k.shard.numel() < k.used) {
+      target = &k;
+      break;
+    }
+  }
+  if (target != nullptr) {
+    target->shard.narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
   }
 }
 

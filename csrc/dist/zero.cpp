@@ -3,8 +3,14 @@
 #include "torchspeed/dist/zero.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Type.h>
+#include <torch/serialize/archive.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <string>
 #include <utility>
 
 #include "torchspeed/profile/profile.h"
@@ -13,6 +19,8 @@ namespace torchspeed::dist {
 namespace {
 
 constexpr const char* kName = "torchspeed.dist.ZeroOptimizer";
+constexpr const char* kLoad = "torchspeed.dist.ZeroOptimizer.load_state_dict";
+constexpr const char* kFormat = "torchspeed.dist.zero1/v2";  // Python's _FORMAT
 
 // A dense param as one flat view in its memory order (how its gradient lies in the bucket,
 // channels_last included); undefined when its layout has gaps (the bucket then holds it in logical
@@ -72,6 +80,15 @@ ZeroShards::ZeroShards(AccumulatingDDP& ddp) : ddp_(ddp) {
       piece_grads_[b].push_back(grad);
       layout_[b].push_back(piece);
     }
+  }
+  // A rank with padding only: the reducer marks element 0 of its first non-empty shard (see
+  // Reducer::agree_on_nonfinite).
+  const bool owns_nothing = std::all_of(layout_.begin(), layout_.end(),
+                                        [](const auto& pieces) { return pieces.empty(); });
+  for (size_t b = 0; b < nb && owns_nothing; ++b) {
+    if (grad_shards_[b].numel() == 0) continue;
+    nonfinite_flag_ = grad_shards_[b].narrow(0, 0, 1);
+    break;
   }
 }
 
@@ -262,6 +279,411 @@ torch::optim::Optimizer* ZeroOptimizer::optimizer(int64_t bucket) const {
   TORCH_CHECK_INDEX(bucket >= 0 && bucket < shards_->num_buckets(), kName,
                     ": bucket must be in [0, ", shards_->num_buckets(), "), got ", bucket);
   return optimizers_[bucket].get();
+}
+
+// ---- checkpoints: Python's v2 layout, re-sharded per param -----------------------------------
+// An optimizer's state is read and written through its own save()/load() (torch::optim's archive:
+// per param a sub-archive of named values, per group its options), so any torch::optim optimizer
+// and torchspeed's fused ones work; the values travel by name, as in Python's state dicts.
+
+namespace {
+
+using Named = std::vector<std::pair<std::string, c10::IValue>>;  // in the optimizer's order
+
+struct BucketState {
+  std::map<int64_t, Named> state;  // piece index -> its state
+  Named options;                   // the bucket's one param group, without "params"
+  bool has_group = false;
+};
+
+c10::impl::GenericDict str_dict() {
+  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+c10::IValue int_rows(const std::vector<std::vector<int64_t>>& rows) {
+  c10::impl::GenericList out(c10::ListType::ofInts());
+  for (const auto& r : rows) out.push_back(c10::List<int64_t>(r));
+  return out;
+}
+
+std::string dtype_name(at::ScalarType t) {  // as Python prints it: "torch.float64"
+  return "torch." + std::string(c10::getDtypeNames(t).first);
+}
+
+std::unique_ptr<torch::serialize::InputArchive> reopen(torch::serialize::OutputArchive& out) {
+  std::stringstream bytes;
+  out.save_to(bytes);
+  auto in = std::make_unique<torch::serialize::InputArchive>();
+  in->load_from(bytes);
+  return in;
+}
+
+Named read_values(torch::serialize::InputArchive& archive) {
+  Named out;
+  for (const std::string& key : archive.keys()) {
+    if (key == "training") continue;  // the archive module's own flag, no value of ours
+    c10::IValue v;
+    archive.read(key, v);
+    out.emplace_back(key, v);
+  }
+  return out;
+}
+
+BucketState read_optimizer(const torch::optim::Optimizer& opt) {
+  torch::serialize::OutputArchive out;
+  opt.save(out);
+  auto in = reopen(out);
+  BucketState b;
+  torch::serialize::InputArchive groups, group, options, states;
+  in->read("param_groups", groups);
+  groups.read("param_groups/0", group);  // the pieces: one group
+  at::Tensor size;
+  group.read("params/size", size);
+  std::map<std::string, int64_t> index;  // the archive's param key -> piece index
+  for (int64_t i = 0; i < size.item<int64_t>(); ++i) {
+    c10::IValue key;
+    group.read("params/" + std::to_string(i), key);
+    index[key.toStringRef()] = i;
+  }
+  group.read("options", options);
+  b.options = read_values(options);
+  b.has_group = true;
+  in->read("state", states);
+  for (const std::string& key : states.keys()) {
+    if (key == "training") continue;
+    torch::serialize::InputArchive one;
+    states.read(key, one);
+    b.state[index.at(key)] = read_values(one);
+  }
+  return b;
+}
+
+std::unique_ptr<torch::serialize::InputArchive> write_optimizer(const BucketState& b,
+                                                                int64_t num_params) {
+  torch::serialize::OutputArchive out;
+  const auto cu = out.compilation_unit();
+  out.write("pytorch_version", c10::IValue("1.5.0"));
+  torch::serialize::OutputArchive states(cu), groups(cu), group(cu), options(cu);
+  for (const auto& [k, values] : b.state) {
+    torch::serialize::OutputArchive one(cu);
+    for (const auto& [key, v] : values) one.write(key, v);
+    states.write(std::to_string(k + 1), one);
+  }
+  out.write("state", states);
+  groups.write("param_groups/size", at::tensor(int64_t{1}));
+  group.write("params/size", at::tensor(num_params));
+  for (int64_t i = 0; i < num_params; ++i) {
+    group.write("params/" + std::to_string(i), c10::IValue(std::to_string(i + 1)));
+  }
+  for (const auto& [key, v] : b.options) options.write(key, v);
+  group.write("options", options);
+  groups.write("param_groups/0", group);
+  out.write("param_groups", groups);
+  return reopen(out);
+}
+
+// ---- reading a state dict (ours or Python's), with errors that say which and what -------------
+
+c10::IValue field(const c10::IValue& d, const char* key, size_t i) {
+  const auto dict = d.toGenericDict();
+  TORCH_CHECK_VALUE(dict.contains(key), kLoad, ": state_dicts[", i,
+                    "] must be a ZeroOptimizer state dict with '", key, "', got none");
+  return dict.at(key);
+}
+
+std::vector<int64_t> ints(const c10::IValue& v) {
+  std::vector<int64_t> out;
+  for (const c10::IValue& x : v.toListRef()) out.push_back(x.toInt());
+  return out;
+}
+
+std::vector<std::vector<int64_t>> int_rows_of(const c10::IValue& v) {
+  std::vector<std::vector<int64_t>> out;
+  for (const c10::IValue& r : v.toListRef()) out.push_back(ints(r));
+  return out;
+}
+
+Named named_of(const c10::IValue& d, bool skip_params) {
+  Named out;
+  for (const auto& item : d.toGenericDict()) {
+    const std::string& key = item.key().toStringRef();
+    if (skip_params && key == "params") continue;
+    out.emplace_back(key, item.value());
+  }
+  return out;
+}
+
+// A state dict's bucket b: its optimizer state by piece index and its group's options.
+BucketState bucket_of(const c10::IValue& d, size_t b, size_t i) {
+  const auto shards = field(d, "shards", i).toListRef();
+  TORCH_CHECK_VALUE(b < shards.size(), kLoad, ": state_dicts[", i,
+                    "] must have a shard per bucket (", b + 1, " or more), got ", shards.size());
+  BucketState out;
+  const c10::IValue& shard = shards[b];
+  for (const auto& item : field(shard, "state", i).toGenericDict()) {
+    out.state[item.key().toInt()] = named_of(item.value(), false);
+  }
+  const auto groups = field(shard, "param_groups", i).toListRef();
+  if (!groups.empty()) {
+    out.options = named_of(groups[0], true);
+    out.has_group = true;
+  }
+  return out;
+}
+
+bool elementwise(const c10::IValue& v) { return v.isTensor() && v.toTensor().dim() == 1; }
+
+}  // namespace
+
+c10::IValue ZeroOptimizer::state_dict() const {
+  const ZeroShards& z = *shards_;
+  const auto buckets = ddp_->buckets();
+  const auto slots = ddp_->param_slots();
+  const auto params = ddp_->slot_params();
+  c10::impl::GenericList layout(c10::AnyType::get()), shards(c10::AnyType::get());
+  std::string optimizer_class;
+  for (int64_t b = 0; b < z.num_buckets(); ++b) {
+    std::vector<std::vector<int64_t>> in_bucket, pieces;  // in slot order, as Python lists them
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].first == b) {
+        in_bucket.push_back({static_cast<int64_t>(i), slots[i].second, params[i].numel()});
+      }
+    }
+    for (const ZeroPiece& p : z.layout(b)) pieces.push_back({p.slot, p.param_offset, p.numel});
+    auto entry = str_dict();
+    entry.insert("padded", buckets[b].numel());
+    entry.insert("dtype", dtype_name(buckets[b].scalar_type()));
+    entry.insert("params", int_rows(in_bucket));
+    entry.insert("pieces", int_rows(pieces));
+    layout.push_back(entry);
+
+    auto shard = str_dict();
+    c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+    c10::impl::GenericList groups(c10::AnyType::get());
+    if (optimizers_[b]) {
+      if (optimizer_class.empty()) optimizer_class = c10::demangle(typeid(*optimizers_[b]).name());
+      BucketState s = read_optimizer(*optimizers_[b]);
+      for (const auto& [k, values] : s.state) {
+        auto one = str_dict();
+        for (const auto& [key, v] : values) one.insert(key, v);
+        state.insert(k, one);
+      }
+      auto group = str_dict();
+      for (const auto& [key, v] : s.options) group.insert(key, v);
+      std::vector<int64_t> idx(z.layout(b).size());
+      for (size_t k = 0; k < idx.size(); ++k) idx[k] = static_cast<int64_t>(k);
+      group.insert("params", c10::List<int64_t>(idx));
+      groups.push_back(group);
+    }
+    shard.insert("state", state);
+    shard.insert("param_groups", groups);
+    shards.push_back(shard);
+  }
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& p : params) shapes.push_back(p.sizes().vec());
+  auto out = str_dict();
+  out.insert("format", std::string(kFormat));
+  out.insert("world_size", ddp_->world_size());
+  out.insert("rank", ddp_->rank());
+  out.insert("optimizer_class", optimizer_class);
+  out.insert("layout", layout);
+  out.insert("param_shapes", int_rows(shapes));
+  out.insert("shards", shards);
+  return out;
+}
+
+void ZeroOptimizer::load_state_dict(const std::vector<c10::IValue>& dicts) {
+  const ZeroShards& z = *shards_;
+  const c10::IValue mine = state_dict();  // our layout, to compare with
+  const auto my_layout = field(mine, "layout", 0).toListRef();
+  const auto my_shapes = int_rows_of(field(mine, "param_shapes", 0));
+  TORCH_CHECK_VALUE(!dicts.empty(), kLoad,
+                    ": state_dicts must hold this rank's state dict or every rank's, got none");
+  int64_t world = -1;
+  for (size_t i = 0; i < dicts.size(); ++i) {
+    const c10::IValue& d = dicts[i];
+    TORCH_CHECK_TYPE(d.isGenericDict(), kLoad, ": state_dicts[", i,
+                     "] must be a dict (ZeroOptimizer::state_dict()), got ", d.tagKind());
+    const auto dict = d.toGenericDict();
+    TORCH_CHECK_VALUE(dict.contains("format") && dict.at("format").isString() &&
+                          dict.at("format").toStringRef() == kFormat,
+                      kLoad, ": state_dicts[", i, "] must be a ZeroOptimizer state dict (format ",
+                      kFormat, "), got format ",
+                      dict.contains("format") ? dict.at("format") : c10::IValue("none"));
+    const int64_t w = field(d, "world_size", i).toInt(), r = field(d, "rank", i).toInt();
+    if (world < 0) world = w;
+    TORCH_CHECK_VALUE(w == world && (dicts.size() == 1 || r == static_cast<int64_t>(i)), kLoad,
+                      ": state_dicts must hold every rank's state dict in rank order, got rank ", r,
+                      " of world size ", w, " at index ", i);
+    const auto layout = field(d, "layout", i).toListRef();
+    bool same =
+        layout.size() == my_layout.size() && int_rows_of(field(d, "param_shapes", i)) == my_shapes;
+    for (size_t b = 0; same && b < layout.size(); ++b) {
+      same = field(layout[b], "dtype", i).toStringRef() ==
+                 field(my_layout[b], "dtype", 0).toStringRef() &&
+             int_rows_of(field(layout[b], "params", i)) ==
+                 int_rows_of(field(my_layout[b], "params", 0));
+    }
+    TORCH_CHECK_VALUE(same, kLoad, ": state_dicts[", i,
+                      "] must be written for this model and bucket layout, got another (",
+                      layout.size(), " buckets, ", my_layout.size(), " here)");
+  }
+  const bool own = dicts.size() == 1 && world == ddp_->world_size();
+  TORCH_CHECK_VALUE(own || static_cast<int64_t>(dicts.size()) == world, kLoad,
+                    ": re-sharding a world size ", world,
+                    " checkpoint needs every rank's state dict, got ", dicts.size());
+  if (own) {
+    const int64_t r = field(dicts[0], "rank", 0).toInt();
+    TORCH_CHECK_VALUE(r == ddp_->rank(), kLoad, ": state_dicts[0] must be rank ", ddp_->rank(),
+                      "'s shard (or every rank's dicts, to re-shard), got rank ", r, "'s");
+  }
+
+  // The new state of every bucket, built in full before any optimizer changes.
+  const int64_t nb = z.num_buckets();
+  std::vector<BucketState> next(nb);
+  if (own) {
+    for (int64_t b = 0; b < nb; ++b) {
+      next[b] = bucket_of(dicts[0], b, 0);
+      const auto& pieces = z.layout(b);
+      for (const auto& [k, values] : next[b].state) {
+        TORCH_CHECK_VALUE(k >= 0 && k < static_cast<int64_t>(pieces.size()), kLoad,
+                          ": state_dicts[0] bucket ", b, " must have state for its ", pieces.size(),
+                          " pieces only, got piece ", k);
+        for (const auto& [key, v] : values) {
+          TORCH_CHECK_VALUE(!elementwise(v) || v.toTensor().numel() == pieces[k].numel, kLoad,
+                            ": state_dicts[0] bucket ", b, " piece ", k, "'s state '", key,
+                            "' must have ", pieces[k].numel, " values, got ", v.toTensor().numel());
+        }
+      }
+    }
+  } else {
+    // Per slot: the old pieces (offset, numel, state), then per name the full flat value.
+    std::map<int64_t, std::vector<std::tuple<int64_t, int64_t, Named>>> parts;
+    for (size_t i = 0; i < dicts.size(); ++i) {
+      const auto layout = field(dicts[i], "layout", i).toListRef();
+      for (int64_t b = 0; b < nb; ++b) {
+        BucketState s = bucket_of(dicts[i], b, i);
+        const auto pieces = int_rows_of(field(layout[b], "pieces", i));
+        for (auto& [k, values] : s.state) {
+          TORCH_CHECK_VALUE(k >= 0 && k < static_cast<int64_t>(pieces.size()), kLoad,
+                            ": state_dicts[", i, "] bucket ", b, " must have state for its ",
+                            pieces.size(), " pieces only, got piece ", k);
+          const auto& piece = pieces[k];
+          parts[piece[0]].emplace_back(piece[1], piece[2], std::move(values));
+        }
+        if (!next[b].has_group && s.has_group) {
+          next[b].options = s.options;
+          next[b].has_group = true;
+        }
+      }
+    }
+    std::map<int64_t, std::map<std::string, c10::IValue>> full;  // slot -> name -> value
+    std::map<int64_t, Named> order;                              // names in the optimizer's order
+    const auto params = ddp_->slot_params();
+    for (auto& [slot, pieces] : parts) {
+      std::sort(pieces.begin(), pieces.end(),
+                [](const auto& x, const auto& y) { return std::get<0>(x) < std::get<0>(y); });
+      int64_t covered = 0;
+      for (const auto& [off, n, values] : pieces) {
+        TORCH_CHECK_VALUE(off == covered, kLoad, ": param ", slot,
+                          " must have optimizer state for all of its elements or none (the "
+                          "state dicts of one step), got a gap or overlap at element ",
+                          covered);
+        covered += n;
+      }
+      const int64_t numel = slot < static_cast<int64_t>(params.size()) ? params[slot].numel() : -1;
+      TORCH_CHECK_VALUE(covered == numel, kLoad, ": param ", slot,
+                        " must have optimizer state for all of its ", numel,
+                        " elements or none, got ", covered);
+      const Named& first = std::get<2>(pieces.front());
+      order[slot] = first;
+      for (const auto& [key, v0] : first) {
+        if (!elementwise(v0)) {
+          full[slot][key] = v0;
+          continue;
+        }
+        std::vector<at::Tensor> cat;
+        for (const auto& [off, n, values] : pieces) {
+          const auto it = std::find_if(values.begin(), values.end(),
+                                       [&](const auto& kv) { return kv.first == key; });
+          TORCH_CHECK_VALUE(
+              it != values.end() && elementwise(it->second) && it->second.toTensor().numel() == n,
+              kLoad, ": param ", slot, "'s state '", key, "' must be elementwise in every piece (",
+              n, " values for a piece of ", n, " elements), got ",
+              it == values.end() ? c10::IValue("none") : it->second);
+          cat.push_back(it->second.toTensor().cpu());
+        }
+        full[slot][key] = at::cat(cat);
+      }
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const auto& pieces = z.layout(b);
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        const ZeroPiece& piece = pieces[k];
+        const auto it = full.find(piece.slot);
+        if (it == full.end()) continue;  // never had a gradient: no state, as in torch.optim
+        Named values;
+        for (const auto& [key, v0] : order[piece.slot]) {
+          const c10::IValue& v = it->second.at(key);
+          values.emplace_back(key, elementwise(v0)
+                                       ? c10::IValue(v.toTensor()
+                                                         .narrow(0, piece.param_offset, piece.numel)
+                                                         .to(z.pieces(b)[k].device())
+                                                         .clone())
+                                       : v);
+        }
+        next[b].state[static_cast<int64_t>(k)] = std::move(values);
+      }
+    }
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    TORCH_CHECK_VALUE(!optimizers_[b] || next[b].has_group, kLoad, ": bucket ", b,
+                      " must have its optimizer's options in some rank's state dict, got none");
+  }
+  // Each optimizer loads its part through its own load(); one that refuses it gets every bucket's
+  // old state back. The values go in as written, then once more with 0-dim tensors as numbers:
+  // Python's torch.optim keeps a step count as a tensor where torch::optim's C++ state has an int.
+  std::vector<std::unique_ptr<torch::serialize::InputArchive>> backup(nb);
+  for (int64_t b = 0; b < nb; ++b) {
+    if (!optimizers_[b]) continue;
+    torch::serialize::OutputArchive out;
+    optimizers_[b]->save(out);
+    backup[b] = reopen(out);
+  }
+  std::string refusal;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (attempt == 1) {
+      for (BucketState& s : next) {
+        for (auto& [k, values] : s.state) {
+          for (auto& [key, v] : values) {
+            if (!v.isTensor() || v.toTensor().dim() != 0) continue;
+            const at::Tensor t = v.toTensor();
+            const double x = t.item<double>();
+            v = x == std::trunc(x) ? c10::IValue(static_cast<int64_t>(x)) : c10::IValue(x);
+          }
+        }
+      }
+    }
+    int64_t b = 0;
+    try {
+      for (; b < nb; ++b) {
+        if (!optimizers_[b]) continue;
+        optimizers_[b]->load(*write_optimizer(next[b], z.pieces(b).size()));
+      }
+      return;
+    } catch (const c10::Error& e) {
+      refusal = "bucket " + std::to_string(b) + ": " + e.what_without_backtrace();
+      for (int64_t r = 0; r <= b && r < nb; ++r) {
+        if (!optimizers_[r]) continue;
+        optimizers_[r]->state().clear();
+        optimizers_[r]->load(*backup[r]);
+      }
+    }
+  }
+  TORCH_CHECK_VALUE(false, kLoad,
+                    ": every bucket's optimizer must accept its state and options by name (an "
+                    "optimizer of the kind that wrote them), got a refusal from ",
+                    refusal, "; nothing was loaded");
 }
 
 }  // namespace torchspeed::dist

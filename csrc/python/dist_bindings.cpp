@@ -100,7 +100,10 @@ void bind_dist(pybind11::module_& m) {
   // ZeRO-1's layout and step collectives; torchspeed.dist.ZeroOptimizer steps the pieces with a
   // Python optimizer per bucket between begin_step and finish_step.
   using torchspeed::dist::ZeroShards;
-  py::class_<ZeroShards>(d, "ZeroShards")
+  // Its destructor waits for gathers still in flight (a step that raised between launch_gather
+  // and finish_step); a Gloo thread finishing one may need the GIL (the work's thread-local state
+  // holds Python objects), so the GIL is released first (a deadlock otherwise).
+  py::class_<ZeroShards>(d, "ZeroShards", py::release_gil_before_calling_cpp_dtor())
       .def(py::init<AccumulatingDDP&>(), py::arg("ddp"), py::keep_alive<1, 2>())
       .def_property_readonly("num_buckets", &ZeroShards::num_buckets)
       .def("pieces", &ZeroShards::pieces, py::arg("bucket"))
@@ -115,6 +118,11 @@ void bind_dist(pybind11::module_& m) {
           },
           py::arg("bucket"))
       .def("shard_numel", &ZeroShards::shard_numel, py::arg("bucket"))
+      .def_property_readonly("nonfinite_flag",
+                             [](const ZeroShards& z) -> std::optional<at::Tensor> {
+                               if (!z.nonfinite_flag().defined()) return std::nullopt;
+                               return z.nonfinite_flag();
+                             })
       .def(
           "begin_step",
           [](ZeroShards& z, std::optional<at::Tensor> grad_scale,

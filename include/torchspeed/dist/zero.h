@@ -18,8 +18,14 @@
 // a step (frozen, or unused on every rank with find_unused_parameters) gets no state and no update,
 // and its step count does not advance. Python: torchspeed.dist.ZeroOptimizer drives the same
 // ZeroShards with a Python optimizer per bucket.
+//
+// Checkpoints share Python's v2 layout and file format:
+//   auto bytes = torch::pickle_save(opt.state_dict());          // this rank's shard (torch.save's)
+//   opt.load_state_dict({torch::pickle_load(bytes)});           // the same world size, or
+//   opt.load_state_dict(every_ranks_dicts);                     // any world size, re-sharded
 #pragma once
 
+#include <ATen/core/ivalue.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -69,6 +75,12 @@ class TORCHSPEED_API ZeroShards {
   const std::vector<ZeroPiece>& layout(int64_t bucket) const;
   /// Elements of this rank's shard of bucket b (padded bucket numel / world).
   int64_t shard_numel(int64_t bucket) const;
+  /// On a rank that owns no param element of any bucket (its shards are padding only: more ranks
+  /// than elements per bucket): a 1-element view of its first shard's padding gradient, inf after
+  /// a synchronising backward that found inf/NaN on some rank, else 0. Hand it to a GradScaler as
+  /// a gradient, so its found_inf and scale follow every other rank's (whose pieces' gradients
+  /// carry the inf). Undefined on every other rank.
+  const at::Tensor& nonfinite_flag() const { return nonfinite_flag_; }
 
   /// Starts a step. Returns false (and changes nothing) when the step must be skipped: the last
   /// synchronising backward found inf/NaN on some rank, or found_inf (GradScaler's) is nonzero.
@@ -100,6 +112,7 @@ class TORCHSPEED_API ZeroShards {
   std::vector<at::Tensor> grad_shards_;
   std::vector<at::Tensor> shards_;    // per bucket: this rank's shard (the pieces are views)
   std::vector<at::Tensor> gathered_;  // per bucket: the full padded bucket after the gather
+  at::Tensor nonfinite_flag_;         // see nonfinite_flag()
   std::vector<std::vector<at::Tensor>> pieces_;
   std::vector<std::vector<at::Tensor>> piece_grads_;
   std::vector<std::vector<ZeroPiece>> layout_;
@@ -137,6 +150,22 @@ class TORCHSPEED_API ZeroOptimizer {
   bool step(const at::Tensor& grad_scale = {}, const at::Tensor& found_inf = {});
   /// The module's gradients (AccumulatingDDP::zero_grad: the buckets, zeroed in place).
   void zero_grad();
+
+  /// This rank's shard, laid out as Python's torchspeed.dist.ZeroOptimizer.state_dict() (format
+  /// "torchspeed.dist.zero1/v2", a dict of str): world_size, rank, optimizer_class, layout (per
+  /// bucket its padded size, dtype, its params as [slot, offset, numel] and this rank's pieces as
+  /// [slot, offset into the param, numel]), param_shapes, and shards (per bucket {"state": piece
+  /// index -> {name -> value}, "param_groups": [its options and "params"]}, the optimizer's own
+  /// state and options, by name). torch::pickle_save writes it (torch.load reads the file in
+  /// Python, and torchspeed.dist.consolidate_state_dict takes every rank's).
+  c10::IValue state_dict() const;
+  /// This rank's own state dict (same world size and rank), or every rank's state dicts in rank
+  /// order from a run on any world size: each param's elementwise state is put together from the
+  /// old pieces and cut for this rank's; scalars (a step count) are copied. Everything is checked
+  /// and built before any optimizer changes, and an optimizer that refuses its part gets its old
+  /// state back: a bad state raises and nothing is loaded. The params come from the model's own
+  /// checkpoint (the next step reads them).
+  void load_state_dict(const std::vector<c10::IValue>& state_dicts);
 
   /// The optimizer of bucket b, or nullptr when this rank has no piece of it.
   torch::optim::Optimizer* optimizer(int64_t bucket) const;

@@ -75,11 +75,25 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for i, (b, offset) in enumerate(slots):
             self._bucket_params[b].append([i, offset, self._shapes_numel(i)])
         self._pieces = [self._core.layout(b) for b in range(len(self._buckets))]
-        # A bucket with no element on this rank (a tiny bucket, many ranks) steps a 0-element
-        # placeholder that never has a gradient: every rank has one optimizer per bucket.
+        # A bucket with no element on this rank (a tiny bucket, many ranks) steps a placeholder
+        # that has no gradient when stepped: every rank has one optimizer per bucket. On a rank
+        # that owns no element at all, the first placeholder's gradient between backward and
+        # step is the C++ side's non-finite flag, so a GradScaler finds the inf every other rank
+        # finds and keeps the same scale (step() hides it from the optimizer).
+        flag = self._core.nonfinite_flag  # only where every bucket's pieces are empty
+        self._flag_param = None
+        if flag is not None:
+            self._flag_param = torch.zeros(1, dtype=flag.dtype, requires_grad=True)
+            self._flag_param.grad = flag
         self._inner = [
             optimizer_class(
-                list(self._core.pieces(b)) or [torch.zeros(0, requires_grad=True)], **defaults
+                list(self._core.pieces(b))
+                or [
+                    self._flag_param
+                    if b == 0 and flag is not None
+                    else torch.zeros(0, requires_grad=True)
+                ],
+                **defaults,
             )
             for b in range(len(self._buckets))
         ]
@@ -110,10 +124,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
         grad_scale = getattr(self, "grad_scale", None)
         if not self._core.begin_step(grad_scale, found_inf):
             return None
-        for b, opt in enumerate(self._inner):
-            opt.step()
-            self._core.launch_gather(b)
-        self._core.finish_step()
+        flag = self._flag_param.grad if self._flag_param is not None else None
+        if flag is not None:
+            self._flag_param.grad = None  # the flag is no gradient to step
+        try:
+            for b, opt in enumerate(self._inner):
+                opt.step()
+                self._core.launch_gather(b)
+            self._core.finish_step()
+        finally:
+            if flag is not None:
+                self._flag_param.grad = flag
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -217,8 +238,9 @@ def _copy(v):
 
 
 def _group_of(dicts, b) -> dict:
-    """Bucket b's hyperparameters (the same on every rank), without its params."""
-    group = dicts[0]["shards"][b]["param_groups"][0]
+    """Bucket b's hyperparameters (the same on every rank), without its params. A C++ state dict
+    has no group for a bucket it owns nothing of: the first rank that has one gives it."""
+    group = next(g[0] for g in (d["shards"][b]["param_groups"] for d in dicts) if g)
     return {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
 
 

@@ -156,6 +156,25 @@ class Net(nn.Module):
         return out
 
 
+class Tiny(nn.Module):
+    """9 trainable elements (tanh of one Linear(8, 1), repeated to Net's 4 outputs): on 4 ranks a
+    bucket of 9 elements gives ranks 0-2 three each and rank 3 none (padding only); one bucket per
+    param gives rank 0 the bias alone. An inf in input feature 0 makes only weight[0]'s gradient
+    non-finite (tanh saturates), an element of rank 0's shard."""
+
+    def __init__(self, dtype=torch.float64):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l1 = nn.Linear(8, 1)
+        self.to(dtype)
+
+    def forward(self, x, use_side=False):
+        return torch.tanh(self.l1(x)).expand(-1, 4)
+
+
+MODELS = {"net": Net, "tiny": Tiny}
+
+
 # The training cases of the "main" scenario (dist_worker.train's arguments), one table for the
 # worker and the tests; MAIN4 runs on 4 ranks too.
 F64_, F32_ = torch.float64, torch.float32
@@ -205,7 +224,23 @@ ZERO_CASES = {
     ),
 }
 ZERO4 = ("z_f64_sgd", "z_f64_adamw_clip", "z_f64_unused_adamw")
-_REFERENCE_ARGS = ("clip", "scaler", "freeze_at", "inf_at")  # what changes the math
+# ZeRO-1 on 4 ranks with Tiny, where rank 3 owns no element of the one bucket ("one") or ranks 1-3
+# none of the bias bucket ("split"); infs on the empty rank's data and on a non-empty rank's.
+ONE_BUCKET = dict(bucket_cap_mb=25.0, first_bucket_cap_mb=25.0)
+SPLIT_BUCKETS = dict(bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
+_TINY = dict(case="plain", dtype=F64_, opt_name="adamw", k=2, model="tiny")
+EMPTY_CASES = {
+    "e_one_adamw": dict(_TINY, steps=3, caps=ONE_BUCKET),
+    "e_split_sgd": dict(_TINY, opt_name="sgd", steps=3, caps=SPLIT_BUCKETS),
+    "e_one_scaler_clip": dict(
+        _TINY, steps=4, caps=ONE_BUCKET, scaler=True, clip=0.05, inf_at={1: 3, 2: 0}
+    ),
+    "e_split_scaler_clip": dict(
+        _TINY, steps=4, caps=SPLIT_BUCKETS, scaler=True, clip=0.05, inf_at={1: 3, 2: 1}
+    ),
+}
+EMPTY_RESUME = dict(_TINY, steps=4, caps=ONE_BUCKET, scaler=True, clip=0.05, inf_at={1: 3})
+_REFERENCE_ARGS = ("clip", "scaler", "freeze_at", "inf_at", "model")  # what changes the math
 
 
 def case_reference(name, world, cases=None, **more):
@@ -258,9 +293,11 @@ def make_optimizer(name, params):
 
 
 def inject_inf(x, step, inf_at):
-    """An inf in rank 1's first sample of step `inf_at` (GradScaler must skip that step)."""
-    if step == inf_at:
-        x[1, 0, 0, 0] = float("inf")
+    """An inf in rank 1's first sample of step `inf_at`, or with a dict {step: rank} in that
+    rank's (GradScaler must skip that step)."""
+    rank = inf_at.get(step) if isinstance(inf_at, dict) else (1 if step == inf_at else None)
+    if rank is not None:
+        x[rank, 0, 0, 0] = float("inf")
 
 
 def reference(
@@ -277,10 +314,11 @@ def reference(
     inf_at=None,
     start=None,
     with_state=False,
+    model="net",
 ):
     """Single-process training over the same samples: each optimizer step accumulates the loss of
     every (rank, micro-step) chunk divided by world * k, which is the large-batch mean loss."""
-    model = Net(dtype)
+    model = MODELS[model](dtype)
     opt = make_optimizer(opt_name, model.parameters())
     sc = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
     first = 0

@@ -22,7 +22,10 @@ import torch
 import torch.distributed as dist
 from dist_helpers import (
     CASES,
+    EMPTY_CASES,
+    EMPTY_RESUME,
     MAIN4,
+    MODELS,
     ZERO4,
     ZERO_CASES,
     Net,
@@ -48,8 +51,8 @@ def seq(pg) -> int:
     return pg._get_sequence_number_for_group()
 
 
-def wrapped_net(dtype, **kw):
-    net = Net(dtype)
+def wrapped_net(dtype, model="net", **kw):
+    net = MODELS[model](dtype)
     with torch.no_grad():  # ranks start different: construction must broadcast rank 0's params
         for p in net.parameters():
             p.add_(0.25 * RANK)
@@ -337,12 +340,17 @@ def zero_train(
     find_unused=False,
     save_at=None,
     resume=None,
+    model="net",
+    caps=None,
 ):
     """AccumulatingDDP(zero=1) with a ZeroOptimizer over `opt_name`, the loop of train(); resume
-    from {"step", "model", "optimizers": every old rank's state dict} (any world size)."""
+    from {"step", "model", "optimizers": every old rank's state dict (any world size), or this
+    rank's own}."""
     pg = dist.distributed_c10d._get_default_group()
     model = wrapped_net(
         dtype,
+        model=model,
+        **(caps or {}),
         accumulation_steps=k,
         zero=1,
         compression=compression,
@@ -355,6 +363,8 @@ def zero_train(
     if resume is not None:
         model.module.load_state_dict(resume["model"])
         opt.load_state_dict(resume["optimizers"])
+        if sc and resume.get("scaler"):
+            sc.load_state_dict(resume["scaler"])
         first = resume["step"]
     micro, saved = [], None
     for step in range(first, steps):
@@ -381,12 +391,15 @@ def zero_train(
                 "step": step + 1,
                 "model": {n: t.clone() for n, t in model.module.state_dict().items()},
                 "optimizer": copy.deepcopy(opt.state_dict()),  # as torch.save would freeze it
+                "scaler": sc.state_dict() if sc else None,
             }
     return {
         "params": {n: p.detach().clone() for n, p in model.module.named_parameters()},
         "micro": micro,
         "stats": model.stats(),
         "scale": float(sc.get_scale()) if sc else None,
+        # Elements of each bucket this rank owns (0: an empty shard, padding only).
+        "owned": [sum(n for *_, n in opt._core.layout(b)) for b in range(opt._core.num_buckets)],
         "saved": saved,
         "final_state": copy.deepcopy(opt.state_dict()),  # every rank's: the test consolidates
     }
@@ -398,6 +411,17 @@ def zero_scenario(names, resume_path=None):
     results["z_resume"] = zero_train(**resume_case, save_at=2 if resume_path is None else 3)
     if resume_path is not None:  # another world size's checkpoint, re-sharded here
         results["z_resumed"] = zero_train(**resume_case, resume=torch.load(resume_path))
+    return results
+
+
+def zero_empty_scenario(resume_path):
+    """Tiny on 4 ranks: rank 3 (or ranks 1-3, per bucket) owns no element of a shard."""
+    results = {name: zero_train(**EMPTY_CASES[name]) for name in EMPTY_CASES}
+    results["e_resume"] = zero_train(**EMPTY_RESUME, save_at=2)
+    saved = results["e_resume"]["saved"]
+    own = dict(saved, optimizers=saved["optimizer"])
+    results["e_resumed_own"] = zero_train(**EMPTY_RESUME, resume=own)  # 4 -> 4, this rank's dict
+    results["e_resumed_1"] = zero_train(**EMPTY_RESUME, resume=torch.load(resume_path))  # 1 -> 4
     return results
 
 
@@ -418,6 +442,8 @@ def main(scenario: str):
         results.update(zero_scenario(tuple(ZERO_CASES)))
     elif scenario == "zero4":
         results.update(zero_scenario(ZERO4, os.environ["TS_ZERO_RESUME"]))
+    elif scenario == "zempty":
+        results.update(zero_empty_scenario(os.environ["TS_ZERO_RESUME"]))
     elif scenario == "hardening":
         facts["hardening"] = hardening_case()
     elif scenario.startswith("join_"):

@@ -2,21 +2,28 @@
 processes against single-process large-batch training with the same optimizer: reduce-scatter on
 the synchronising micro-step only, each rank steps its shard, the params are all-gathered; global
 clipping and GradScaler's inf-skip across the shards; per-rank state dicts re-sharded 2 -> 1,
-2 -> 4 and 4 -> 1 (a plain torch.optim state_dict) continue the run that never stopped."""
+2 -> 4 and 4 -> 1 (a plain torch.optim state_dict) continue the run that never stopped; ranks
+whose shard of a bucket (or of every bucket) is padding only."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from dist_helpers import (
     DIST_MISSING,
+    EMPTY_CASES,
+    EMPTY_RESUME,
     F32,
     F64,
+    MODELS,
     ZERO4,
     ZERO_CASES,
     Net,
     assert_all_ok,
     case_reference,
+    inject_inf,
     launch,
     optimizer_spec,
     reference,
@@ -405,3 +412,169 @@ def test_zero1_step_reads_params_written_between_steps(single_group):
         ref_opt.zero_grad()
     for (n, p), q in zip(net.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach(), q.detach(), **F64, msg=n)
+
+
+# ---- ranks with an empty shard -------------------------------------------------------------------
+
+
+def _zero_in_one_process(group, kw, world, start=None, save_at=None):
+    """Case `kw` (dist_worker.zero_train's arguments) at world size 1 over the same global batches
+    (world * k micro-steps per optimizer step), from `start` = {"step", "model", "optimizers",
+    "scaler"}: (params at the end, the checkpoint at step save_at or None)."""
+    k, steps, dtype = kw["k"], kw["steps"], kw["dtype"]
+    net = MODELS[kw.get("model", "net")](dtype)
+    model = AccumulatingDDP(
+        net, accumulation_steps=world * k, zero=1, process_group=group, **kw.get("caps", {})
+    )
+    cls, hyper = optimizer_spec(kw["opt_name"])
+    opt = model.zero_optimizer(cls, **hyper)
+    sc = torch.amp.GradScaler("cpu", init_scale=2.0**10) if kw.get("scaler") else None
+    first, saved = 0, None
+    if start is not None:
+        net.load_state_dict(start["model"])
+        opt.load_state_dict(start["optimizers"])
+        if sc and start.get("scaler"):
+            sc.load_state_dict(start["scaler"])
+        first = start["step"]
+    for step in range(first, steps):
+        x, y = window_data(step, world, k, 4, dtype)
+        inject_inf(x, step, kw.get("inf_at"))
+        for rank in range(world):
+            for j in range(k):
+                loss = nn.functional.mse_loss(model(x[rank, j], use_side=True), y[rank, j])
+                loss = loss / (world * k)
+                (sc.scale(loss) if sc else loss).backward()
+        assert model.sync_now
+        if sc:
+            sc.unscale_(opt)
+        if kw.get("clip"):
+            model.clip_grad_norm_(kw["clip"])
+        if sc:
+            sc.step(opt)
+            sc.update()
+        else:
+            opt.step()
+        opt.zero_grad()
+        if save_at == step + 1:
+            saved = {
+                "step": step + 1,
+                "model": {n: t.clone() for n, t in net.state_dict().items()},
+                "optimizers": copy.deepcopy(opt.state_dict()),
+                "scaler": sc.state_dict() if sc else None,
+            }
+    return {n: p.detach().clone() for n, p in net.named_parameters()}, saved
+
+
+@pytest.fixture(scope="module")
+def zempty(tmp_path_factory):
+    """The 4-rank Tiny runs; the 1-process checkpoint of EMPTY_RESUME at step 2 is written first,
+    and the 4 ranks resume it (1 -> 4, rank 3's shard empty)."""
+    import torch.distributed as dist
+
+    out = tmp_path_factory.mktemp("dist_zempty")
+    group = dist.ProcessGroupGloo(dist.FileStore(str(out / "store"), 1), 0, 1)
+    _, ck1 = _zero_in_one_process(group, EMPTY_RESUME, 4, save_at=2)
+    torch.save(ck1, out / "resume_from_1.pt")
+    records = launch(
+        4, "zempty", out, timeout=150, env={"TS_ZERO_RESUME": str(out / "resume_from_1.pt")}
+    )
+    assert_all_ok(records)
+    return records, ck1
+
+
+def test_tiny_layouts_have_empty_shards(zempty):
+    """What the cases below rely on: with one bucket, rank 3 owns none of the 9 elements; with one
+    bucket per param, ranks 1-3 own none of the bias bucket."""
+    records, _ = zempty
+    assert [r["pt"]["e_one_adamw"]["owned"] for r in records] == [[3], [3], [3], [0]]
+    assert [r["pt"]["e_split_sgd"]["owned"] for r in records] == [[1, 2], [0, 2], [0, 2], [0, 2]]
+
+
+@pytest.mark.parametrize("case", sorted(EMPTY_CASES))
+def test_zero1_with_empty_shards_equals_single_process_training(zempty, case):
+    """AdamW/SGD with empty shards equal the single-process run (float64, 1e-12); with a
+    GradScaler and clipping, an inf on the empty rank's data (step 1) and on a non-empty rank's
+    (step 2) skips the step on every rank: the same scale everywhere, halved twice as in the
+    single process."""
+    records, _ = zempty
+    kw = EMPTY_CASES[case]
+    ref, scale, _ = case_reference(case, 4, EMPTY_CASES, with_state=True)
+    _equal_on_every_rank(records, case, ref, F64)
+    if kw.get("scaler"):
+        for r in records:
+            res = r["pt"][case]
+            assert res["scale"] == scale == 2.0**8, (r["rank"], res["scale"], scale)
+            assert res["stats"]["zero_skipped_steps"] == 2, r["rank"]
+            assert res["stats"]["nonfinite_steps"] == 2, r["rank"]
+            assert res["stats"]["zero_steps"] == 2, r["rank"]
+
+
+def test_empty_shard_state_dicts_reload_on_4_ranks_and_from_1(zempty):
+    """Rank 3's state dict (no state, one empty bucket) reloads on its own rank and the run goes
+    on bit-identically; a world-size-1 checkpoint re-sharded onto the 4 ranks continues as the
+    plain single-process AdamW from its consolidated state."""
+    records, ck1 = zempty
+    for r in records:
+        want, got = r["pt"]["e_resume"]["params"], r["pt"]["e_resumed_own"]["params"]
+        for n in want:
+            assert torch.equal(got[n], want[n]), (r["rank"], n)
+    start = (ck1["step"], ck1["model"], consolidate_state_dict([ck1["optimizers"]]))
+    ref = case_reference("e", 4, {"e": EMPTY_RESUME}, start=start)
+    _equal_on_every_rank(records, "e_resumed_1", ref, F64)
+
+
+def test_empty_shard_state_dicts_reshard_4_to_1_and_consolidate(zempty, single_group):
+    """The 4 ranks' checkpoint of step 2 (rank 3's shard empty) re-sharded onto one process, and
+    consolidated into a plain torch AdamW state dict: both continue to the 4-rank run's end."""
+    records, _ = zempty
+    ck = _checkpoint(records, "e_resume")
+    assert ck["optimizers"][3]["layout"][0]["pieces"] == []
+    ck["scaler"] = records[0]["pt"]["e_resume"]["saved"]["scaler"]
+    got, _ = _zero_in_one_process(single_group, EMPTY_RESUME, 4, start=ck)
+    final = records[0]["pt"]["e_resume"]["params"]
+    for n, want in final.items():
+        torch.testing.assert_close(got[n], want, **F64, msg=n)
+    start = (ck["step"], ck["model"], consolidate_state_dict(ck["optimizers"]))
+    ref = case_reference("e", 4, {"e": EMPTY_RESUME}, start=start)
+    for n, want in final.items():
+        torch.testing.assert_close(ref[n], want, **F64, msg=n)
+
+
+def _cpp_style(sd):
+    """A state dict as the C++ ZeroOptimizer over torch::optim::AdamW writes it (the same v2
+    layout): int step counts, only torch::optim's options, the C++ class name."""
+    out = copy.deepcopy(sd)
+    out["optimizer_class"] = "torch::optim::AdamW"
+    for shard in out["shards"]:
+        for st in shard["state"].values():
+            st["step"] = int(st["step"])
+        shard["param_groups"] = [
+            {k: g[k] for k in ("lr", "betas", "eps", "weight_decay", "amsgrad", "params")}
+            for g in shard["param_groups"]
+        ]
+    return out
+
+
+def test_state_dicts_in_the_cpp_layout_load_and_consolidate(zero2, single_group):
+    """The C++ ZeroOptimizer writes the same v2 layout (tests/cpp/dist/test_zero.cpp loads
+    Python-style dicts the other way): Python re-shards C++-style dicts 2 -> 1 and consolidates
+    them into a plain torch.optim.AdamW state, and both continue to the 2-rank run's end."""
+    ck = _checkpoint(zero2, "z_resume")
+    ck["optimizers"] = [_cpp_style(sd) for sd in ck["optimizers"]]
+    got = _resume_in_one_process(single_group, ck, 2, RESUME["k"], RESUME["steps"])
+    want = zero2[0]["pt"]["z_resume"]["params"]
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], **F64, msg=n)
+    plain = consolidate_state_dict(ck["optimizers"])
+    ref = reference(
+        "plain",
+        2,
+        RESUME["k"],
+        RESUME["steps"],
+        4,
+        torch.float64,
+        "adamw",
+        start=(ck["step"], ck["model"], plain),
+    )
+    for n in want:
+        torch.testing.assert_close(ref[n], want[n], **F64, msg=n)
