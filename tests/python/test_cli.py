@@ -195,6 +195,31 @@ def test_harness_records_rates_against_their_anchor(tmp_path, monkeypatch, capsy
     assert rec["details"] == {"workload": {"images": 4}}
 
 
+def test_harness_times_interleaved_variants_round_robin(tmp_path, monkeypatch):
+    from torchspeed.benchmarks.harness import Harness
+
+    monkeypatch.setenv("TORCHSPEED_RESULTS_DIR", str(tmp_path))
+    calls = []
+    h = Harness("bench_rr", "test", measure_bandwidth=False)
+    rows = h.add_interleaved(
+        "g",
+        [
+            dict(label="anchor", fn=lambda: calls.append("a"), anchor=True, bytes_moved=8, n=1),
+            dict(label="ours", fn=lambda: calls.append("b"), bytes_moved=8, n=2),
+        ],
+        warmup=1,
+        repeats=3,
+    )
+    # One warmup round, then three timed rounds, each calling every variant in turn.
+    assert calls == ["a", "b"] * 4
+    assert [r["label"] for r in rows] == ["anchor", "ours"] and rows[0]["anchor"]
+    assert rows[1]["n"] == 2 and rows[1]["interleaved"] and rows[1]["repeats"] == 3
+    assert rows[1]["gbps"] == pytest.approx(8 / rows[1]["median_s"] / 1e9)
+    h.finish()
+    rec = json.loads((tmp_path / "bench_rr_cpu.json").read_text())
+    assert [r["label"] for r in rec["rows"]] == ["anchor", "ours"]
+
+
 def test_doctor_stop_script_needs_steps(tmp_path):
     (tmp_path / "train.py").write_text("")
     r = run_cli(["doctor", "--stop-script", "--", str(tmp_path / "train.py")], str(tmp_path))

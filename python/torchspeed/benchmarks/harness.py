@@ -16,7 +16,7 @@ import os
 import platform
 import statistics
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -36,25 +36,40 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def time_fns(
+    fns: Sequence[Callable[[], object]], warmup: int = 2, repeats: int = 7, device: str = "cpu"
+) -> List[Dict]:
+    """Median / min / stdev wall time in seconds of each of `fns`, after `warmup` untimed calls of
+    each, timed round-robin (fns[0], fns[1], ..., then again): a machine whose speed drifts during
+    the run (a VM's memory bandwidth, a neighbour's load) moves every variant alike, so their
+    ratios stay fair where one-after-another timing would compare different minutes."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    _sync(device)
+    times: List[List[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            ts.append(time.perf_counter() - t0)
+    return [
+        {
+            "median_s": statistics.median(ts),
+            "min_s": min(ts),
+            "stdev_s": statistics.stdev(ts) if len(ts) > 1 else 0.0,
+            "repeats": repeats,
+        }
+        for ts in times
+    ]
+
+
 def time_fn(
     fn: Callable[[], object], warmup: int = 2, repeats: int = 7, device: str = "cpu"
 ) -> Dict:
     """Median / min / stdev wall time of fn() in seconds, after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return {
-        "median_s": statistics.median(times),
-        "min_s": min(times),
-        "stdev_s": statistics.stdev(times) if len(times) > 1 else 0.0,
-        "repeats": repeats,
-    }
+    return time_fns([fn], warmup, repeats, device)[0]
 
 
 def machine_info(device: str = "cpu") -> Dict:
@@ -161,13 +176,41 @@ class Harness:
         anchor: bool = False,
         **extra,
     ) -> Dict:
-        row = {
-            "group": group,
-            "label": label,
-            "anchor": anchor,
-            **time_fn(fn, warmup, repeats, self.device),
-            **extra,
-        }
+        return self._timed_row(
+            group, label, time_fn(fn, warmup, repeats, self.device), bytes_moved, anchor, extra
+        )
+
+    def add_interleaved(
+        self, group: str, entries: Sequence[Dict], warmup: int = 2, repeats: int = 7
+    ) -> List[Dict]:
+        """Rows of variants timed round-robin (see time_fns), so that their ratios are measured in
+        the same minutes. Each entry: ``label``, ``fn``, optional ``bytes_moved``, ``anchor`` and
+        anything else, which lands in the row as ``add``'s extra keywords do. The variants' data
+        must all fit in memory at once."""
+        timings = time_fns([e["fn"] for e in entries], warmup, repeats, self.device)
+        rows = []
+        for e, t in zip(entries, timings):
+            extra = {
+                k: v for k, v in e.items() if k not in ("label", "fn", "bytes_moved", "anchor")
+            }
+            extra["interleaved"] = True
+            rows.append(
+                self._timed_row(
+                    group, e["label"], t, e.get("bytes_moved"), e.get("anchor", False), extra
+                )
+            )
+        return rows
+
+    def _timed_row(
+        self,
+        group: str,
+        label: str,
+        timing: Dict,
+        bytes_moved: Optional[float],
+        anchor: bool,
+        extra: Dict,
+    ) -> Dict:
+        row = {"group": group, "label": label, "anchor": anchor, **timing, **extra}
         if bytes_moved:
             row["bytes"] = bytes_moved
             row["gbps"] = bytes_moved / row["median_s"] / 1e9

@@ -149,21 +149,20 @@ def one_moment_rows(h, group, opt_name, shapes, state_dtypes, dev, reps):
     for sd in state_dtypes:
         label = f"torchspeed {cls.__name__}" + ("" if sd == "fp32" else f" {sd} state")
         variants.append((label, cls, dict(state_dtype=sd, **extra), sd, False))
-    for label, opt_cls, kw, sd, anchor in variants:
-        params = make(shapes, device=dev)
-        opt = opt_cls(params, lr=1e-3, **kw)
-        h.add(
-            group,
-            label,
-            opt.step,
+    entries = [
+        dict(
+            label=label,
+            fn=opt_cls(make(shapes, device=dev), lr=1e-3, **kw).step,
             bytes_moved=one_moment_step_bytes(shapes, sd),
-            repeats=reps,
             anchor=anchor,
             params=len(shapes),
             elements=n,
         )
-        del opt, params
-        gc.collect()
+        for label, opt_cls, kw, sd, anchor in variants
+    ]
+    h.add_interleaved(group, entries, repeats=reps)
+    del entries
+    gc.collect()
 
 
 def main(argv=None):
@@ -244,21 +243,27 @@ def main(argv=None):
         for sd in state_dtypes:
             label = "torchspeed AdamW" + ("" if sd == "fp32" else f" {sd} state")
             variants.append((label, dict(state_dtype=sd), torchspeed.optim.AdamW, False))
+        # The slow references one after another; torch's fused AdamW and torchspeed's variants
+        # round-robin (Harness.add_interleaved), so their ratios come from the same minutes.
+        entries = []
         for label, kw, cls, anchor in variants:
-            params = make(shapes, device=dev)
-            opt = cls(params, lr=1e-3, **kw)
-            h.add(
-                name,
-                label,
-                opt.step,
+            entry = dict(
+                label=label,
+                fn=cls(make(shapes, device=dev), lr=1e-3, **kw).step,
                 bytes_moved=step_bytes(shapes, kw.get("state_dtype", "fp32")),
-                repeats=reps,
                 anchor=anchor,
                 params=len(shapes),
                 elements=n,
             )
-            del opt, params
+            if label == "torch AdamW fused" or entries:
+                entries.append(entry)
+                continue
+            h.add(name, entry.pop("label"), entry.pop("fn"), repeats=reps, **entry)
+            del entry
             gc.collect()
+        h.add_interleaved(name, entries, repeats=reps)
+        del entries
+        gc.collect()
     if "bf16-params" not in only:
         h.finish()
         return 0
