@@ -120,7 +120,7 @@ class LmTask:
     """Next-byte prediction on standard-library source (cross-entropy, nats per byte); random
     windows of the first 90 % for training, fixed windows of the last 10 % held out."""
 
-    loss_name = "cross-entropy (nats/byte)"
+    loss_name = "nats/byte"
 
     def __init__(self, quick: bool):
         self.width, self.layers, self.context, self.batch = (
@@ -227,6 +227,22 @@ def _final(losses: Sequence[float]) -> float:
     return sum(tail) / len(tail)
 
 
+#: Steps per point of the plotted curves (a trailing mean), so that runs a per-batch noise would hide
+#: stay apart.
+_SMOOTH = 25
+
+
+def _smoothed(losses: Sequence[float]) -> List[float]:
+    """The trailing mean of up to _SMOOTH losses at each step."""
+    out, total = [], 0.0
+    for i, x in enumerate(losses):
+        total += x
+        if i >= _SMOOTH:
+            total -= losses[i - _SMOOTH]
+        out.append(total / min(i + 1, _SMOOTH))
+    return out
+
+
 def _plot(runs: Dict[str, Dict], path: str, loss_name: str) -> Optional[str]:
     try:
         import matplotlib
@@ -241,11 +257,11 @@ def _plot(runs: Dict[str, Dict], path: str, loss_name: str) -> Optional[str]:
         for name, r in runs.items():
             if name.split(" ")[0] != kind or not r:
                 continue
-            ax.plot(r["losses"], label=name, linewidth=0.9, alpha=0.85)
+            ax.plot(_smoothed(r["losses"]), label=name, linewidth=1.0, alpha=0.85)
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel(f"training loss ({loss_name})")
-        ax.set_title(f"{kind}: state_dtype side by side")
+        ax.set_title(f"{kind}: state_dtype side by side ({_SMOOTH}-step mean)")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
