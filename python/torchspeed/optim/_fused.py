@@ -655,8 +655,10 @@ def _traced_lr(lr: float, device: torch.device) -> torch.Tensor:
     scheduler that writes a new float every step recompiled the step every step. Made a tensor
     here, the float can become a symbolic input: after one recompile (dynamo then marks the
     changed float dynamic) every further lr value runs the same graph. The lr is then rounded to
-    float32 (the ops' lr_tensor), as with a Tensor lr: bitwise the eager step for the optimizers
-    whose kernels compute in float32, within that rounding for LAMB's double trust ratio."""
+    float32 (the ops' lr_tensor), as with a Tensor lr, where the eager step derives its step size
+    from the double: the compiled step equals the eager one bitwise when the lr is a float32 value
+    (e.g. 2**-10), and otherwise differs by that rounding (a relative 3e-8 of the lr; measured
+    7e-9 on params after Adam steps with lr 1e-3)."""
     return torch.full((1,), lr, dtype=torch.float32, device=device)
 
 
