@@ -192,7 +192,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict) -> None:
         """This rank's own state_dict (same world size), or the list of every rank's state dicts
-        from a run on any world size: each param's state is cut for this rank's pieces here."""
+        from a run on any world size: each param's state is cut for this rank's pieces here.
+
+        Its own state_dict loads as stored (a low-bit optimizer's int8 codes and absmaxes, or
+        bf16 moments: the run continues bit for bit). Re-sharding is per element: int8 moments
+        (quantized in blocks of each old piece) are decoded to float32 first, then each new
+        piece's optimizer quantizes its cut in its own blocks, as its load_state_dict converts
+        any float32 state; bf16 and float32 moments are cut as they are. A state any bucket's
+        optimizer refuses loads nothing (every bucket keeps its state)."""
         dicts = state_dict if isinstance(state_dict, (list, tuple)) else [state_dict]
         layout = self._layout_dict()
         _check_dicts(dicts, layout, self._shapes)
@@ -224,8 +231,20 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 group = _group_of(dicts, b)
                 group["params"] = list(range(max(1, len(entry["pieces"]))))
                 new.append({"state": state, "param_groups": [group]})
-        for opt, sd in zip(self._inner, new):  # validated above: each load is a plain one
-            opt.load_state_dict(sd)
+        # Each optimizer checks its part as it loads it (a low-bit state's codes and absmaxes, its
+        # options): one that refuses puts every bucket's old state back.
+        backup = [copy.deepcopy(opt.state_dict()) for opt in self._inner]
+        for b, (opt, sd) in enumerate(zip(self._inner, new)):
+            try:
+                opt.load_state_dict(sd)
+            except (ValueError, TypeError, RuntimeError, KeyError) as e:
+                for old, sd_old in zip(self._inner[: b + 1], backup):
+                    old.load_state_dict(sd_old)
+                raise ValueError(
+                    f"{_NAME}.load_state_dict: every bucket's optimizer must accept its state and "
+                    f"options (an optimizer of the kind that wrote them), got a refusal from "
+                    f"bucket {b}: {e}; nothing was loaded"
+                ) from e
 
 
 def _elementwise(v) -> bool:
@@ -279,12 +298,14 @@ def _param_states(dicts) -> dict:
     rank concatenated on the CPU), or the scalar value (a step count: the same in every piece)}.
     A param that never had a gradient has no pieces with state, and no entry, as in torch.optim."""
     parts: dict[int, list] = {}
-    for d in dicts:
+    for i, d in enumerate(dicts):
         for b, entry in enumerate(d["layout"]):
             st = d["shards"][b]["state"]
             for k, (slot, p_off, n) in enumerate(entry["pieces"]):
                 if k in st:
-                    parts.setdefault(slot, []).append((p_off, n, st[k]))
+                    where = f"state_dicts[{i}] bucket {b} piece {k}"
+                    piece = _per_element(st[k], n, _group_of([d], b), where)
+                    parts.setdefault(slot, []).append((p_off, n, piece))
     numel = {}
     for entry in dicts[0]["layout"]:
         for slot, _, n in entry["params"]:
@@ -297,20 +318,81 @@ def _param_states(dicts) -> dict:
                 f"{_NAME}: param {slot} has optimizer state for only part of its elements "
                 "(the state dicts are not of one step)"
             )
-        full[slot] = {
-            key: torch.cat([st[key].cpu() for _, _, st in pieces])
-            if _elementwise(v0)
-            else _copy(v0)
-            for key, v0 in pieces[0][2].items()
-        }
+        # Every piece's keys: a low-bit SGD keeps a step count beside its int8 / bf16 buffers
+        # only, so a param cut into an int8 piece and a small float32 one has it in one of them.
+        first = {}
+        for _, _, st in pieces:
+            for key, v in st.items():
+                first.setdefault(key, v)
+        full[slot] = {}
+        for key, v0 in first.items():
+            if not _elementwise(v0):
+                full[slot][key] = _copy(v0)
+                continue
+            if not all(_elementwise(st.get(key)) for _, _, st in pieces):
+                raise ValueError(
+                    f"{_NAME}.load_state_dict: param {slot}'s state '{key}' must be per element "
+                    "in every piece of it, got a piece without it"
+                )
+            full[slot][key] = torch.cat([st[key].cpu() for _, _, st in pieces])
     return full
+
+
+def _per_element(state: dict, n: int, group: dict, where: str) -> dict:
+    """A piece's state with every value per element: the int8 moments of a low-bit optimizer
+    (torchspeed.optim's state_dtype="int8": codes plus ``<key>_absmax``, one absmax per block of
+    the piece's ``state_block`` elements) decoded to float32 by the step's own decoder
+    (lowbit_decode), since blocks cut at the piece's ends cannot be joined or cut per element.
+    Everything else (float32 or bfloat16 moments, a step count) is per element already."""
+    from ..optim import _lowbit  # the optimizers' state format (its decoder is an optim op)
+
+    codes = [key for key in state if _lowbit.absmax_key(key) in state]
+    if not codes:
+        return state
+    block = group.get("state_block", _lowbit.DEFAULT_STATE_BLOCK)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(
+            f"{_NAME}.load_state_dict: {where}'s group state_block must be the int block of its "
+            f"int8 state, got {block!r}"
+        )
+    out = {k: v for k, v in state.items() if k not in codes}
+    for key in codes:
+        c, a = state[key], state[_lowbit.absmax_key(key)]
+        blocks = -(-n // block)
+        if not (
+            isinstance(c, torch.Tensor)
+            and c.dtype in (torch.int8, torch.uint8)
+            and c.numel() == n
+            and isinstance(a, torch.Tensor)
+            and a.dtype == torch.float32
+            and a.numel() == blocks
+            and bool(torch.isfinite(a).all())
+            and not bool((a < 0).any())
+        ):
+            got = (
+                f"{c.dtype} with {c.numel()} codes" if isinstance(c, torch.Tensor) else repr(c),
+                f"{a.dtype} with {a.numel()} absmaxes" if isinstance(a, torch.Tensor) else repr(a),
+            )
+            raise ValueError(
+                f"{_NAME}.load_state_dict: {where}'s '{key}' must be {n} int8 / uint8 codes with "
+                f"'{_lowbit.absmax_key(key)}' {blocks} finite float32 absmaxes >= 0 (state_block "
+                f"{block}), got {got[0]} and {got[1]}"
+            )
+        del out[_lowbit.absmax_key(key)]
+        out[key] = _lowbit.dequantize(c.cpu(), a.cpu(), block)
+    return out
 
 
 def consolidate_state_dict(state_dicts) -> dict:
     """Every rank's ZeroOptimizer state dicts (a list in rank order) as one plain
     ``optimizer_class`` state_dict for the unwrapped model's trainable params (in
     ``module.parameters()`` order): what ``torch.optim.AdamW(model.parameters(), ...)`` loads in a
-    single process (a param that never had a gradient has no state, as there). Runs on the CPU."""
+    single process (a param that never had a gradient has no state, as there). Runs on the CPU.
+
+    int8 moments of torchspeed's low-bit optimizers (state_dtype="int8") come out decoded to
+    float32 (each piece with its own blocks: what each shard optimizer's torch_state_dict()
+    gives), bf16 moments as they are; the group keeps its state_dtype options. torch.optim loads
+    it, and a torchspeed optimizer of any state_dtype converts it to its own on load."""
     dicts = list(state_dicts)
     if not dicts:
         raise ValueError(f"{_NAME}: consolidate_state_dict needs every rank's state dict")

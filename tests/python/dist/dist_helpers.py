@@ -5,6 +5,7 @@ that dist_worker.py and the test files share."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -240,6 +241,18 @@ EMPTY_CASES = {
     ),
 }
 EMPTY_RESUME = dict(_TINY, steps=4, caps=ONE_BUCKET, scaler=True, clip=0.05, inf_at={1: 3})
+# ZeRO-1 over torchspeed's low-bit optimizer states (the "zlowbit" scenarios): float32 Net, the
+# data of 2 ranks x 2 micro-steps at every world size (data_world), a checkpoint at step 2.
+# int8 with blocks of 32 from 64 elements on: most pieces are int8, a few small ones stay fp32,
+# and the pieces' blocks do not line up with the blocks of other world sizes' pieces.
+LOWBIT_SAVE_AT = 2
+_LOWBIT = dict(case="plain", dtype=F32_, k=2, steps=4, data_world=2)
+LOWBIT_CASES = {
+    "lb_adamw_bf16": dict(_LOWBIT, opt_name="ts_adamw_bf16"),
+    "lb_adamw_int8": dict(_LOWBIT, opt_name="ts_adamw_int8"),
+    "lb_lion_int8": dict(_LOWBIT, opt_name="ts_lion_int8"),
+    "lb_sgd_int8": dict(_LOWBIT, opt_name="ts_sgd_int8"),
+}
 _REFERENCE_ARGS = ("clip", "scaler", "freeze_at", "inf_at", "model")  # what changes the math
 
 
@@ -274,6 +287,10 @@ def side_used(case, step, rank, micro, k):
     return step != 1 and rank == 0 and micro == 0
 
 
+LOWBIT_BF16 = dict(state_dtype="bf16")
+LOWBIT_INT8 = dict(state_dtype="int8", state_block=32, min_lowbit_numel=64)
+
+
 def optimizer_spec(name):
     """(optimizer class, hyperparameters) of the tests' optimizer `name`."""
     import torchspeed
@@ -283,6 +300,11 @@ def optimizer_spec(name):
         "adamw": (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
         "ts_adamw": (torchspeed.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
         "ts_sgd": (torchspeed.optim.SGD, dict(lr=0.1, momentum=0.9)),
+        "ts_lion": (torchspeed.optim.Lion, dict(lr=1e-3, weight_decay=0.1)),
+        "ts_adamw_bf16": (torchspeed.optim.AdamW, dict(lr=1e-2, weight_decay=0.1, **LOWBIT_BF16)),
+        "ts_adamw_int8": (torchspeed.optim.AdamW, dict(lr=1e-2, weight_decay=0.1, **LOWBIT_INT8)),
+        "ts_lion_int8": (torchspeed.optim.Lion, dict(lr=1e-3, weight_decay=0.1, **LOWBIT_INT8)),
+        "ts_sgd_int8": (torchspeed.optim.SGD, dict(lr=0.1, momentum=0.9, **LOWBIT_INT8)),
     }
     return specs[name]
 
@@ -386,3 +408,46 @@ def token_reference(world, k, steps, mb):
         opt.step()
         opt.zero_grad()
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def lowbit_loop(model, opt, kw, world, rank, resume=None):
+    """The loop of a LOWBIT_CASES case on `world` ranks (this one `rank`): every world size trains
+    on the data of kw["data_world"] ranks x kw["k"] micro-steps, rank r taking micro-batches
+    [r * kk, (r + 1) * kk) of the step's global batch (kk = data_world * k / world), so runs at
+    every world size see the same mean gradients. From resume = {"step", "model", "optimizers"}.
+    Returns the params at the end, the pieces' gradients of every step (what each shard optimizer
+    stepped with), the checkpoint at LOWBIT_SAVE_AT (with each shard optimizer's
+    torch_state_dict()), the state_dict right after the load, and the layout."""
+    k, data_world, dtype = kw["k"], kw["data_world"], kw["dtype"]
+    kk = data_world * k // world
+    first, loaded, saved, grads = 0, None, None, []
+    if resume is not None:
+        model.module.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["optimizers"])
+        loaded = copy.deepcopy(opt.state_dict())
+        first = resume["step"]
+    core = opt._core
+    for step in range(first, kw["steps"]):
+        x, y = window_data(step, data_world, k, 4, dtype)
+        for j in range(kk):
+            g = rank * kk + j
+            out = model(x[g // k, g % k], use_side=True)
+            (nn.functional.mse_loss(out, y[g // k, g % k]) / kk).backward()
+        assert model.sync_now
+        grads.append([[p.grad.clone() for p in core.pieces(b)] for b in range(core.num_buckets)])
+        opt.step()
+        opt.zero_grad()
+        if step + 1 == LOWBIT_SAVE_AT:
+            saved = {
+                "step": step + 1,
+                "model": {n: t.clone() for n, t in model.module.state_dict().items()},
+                "optimizer": copy.deepcopy(opt.state_dict()),
+                "torch_states": [copy.deepcopy(o.torch_state_dict()) for o in opt._inner],
+            }
+    return {
+        "params": {n: p.detach().clone() for n, p in model.module.named_parameters()},
+        "grads": grads,
+        "saved": saved,
+        "loaded": loaded,
+        "final_state": copy.deepcopy(opt.state_dict()),
+    }

@@ -24,12 +24,14 @@ from dist_helpers import (
     CASES,
     EMPTY_CASES,
     EMPTY_RESUME,
+    LOWBIT_CASES,
     MAIN4,
     MODELS,
     ZERO4,
     ZERO_CASES,
     Net,
     inject_inf,
+    lowbit_loop,
     make_optimizer,
     optimizer_spec,
     side_used,
@@ -425,6 +427,28 @@ def zero_empty_scenario(resume_path):
     return results
 
 
+def zero_lowbit_scenario(resume_path=None):
+    """ZeRO-1 over torchspeed's low-bit optimizer states: each case trained (checkpoint at
+    LOWBIT_SAVE_AT), resumed from this rank's own checkpoint, and, with resume_path, resumed from
+    every rank's checkpoints of another world size ({case: {"step", "model", "optimizers"}})."""
+    other = torch.load(resume_path) if resume_path else {}
+    results = {}
+    for name, kw in LOWBIT_CASES.items():
+
+        def run(resume=None, kw=kw):
+            kk = kw["data_world"] * kw["k"] // WORLD
+            model = wrapped_net(kw["dtype"], accumulation_steps=kk, zero=1)
+            cls, hyper = optimizer_spec(kw["opt_name"])
+            return lowbit_loop(model, model.zero_optimizer(cls, **hyper), kw, WORLD, RANK, resume)
+
+        results[name] = run()
+        saved = results[name]["saved"]
+        results[name + "/own"] = run(dict(saved, optimizers=saved["optimizer"]))
+        if name in other:
+            results[name + "/resumed"] = run(other[name])
+    return results
+
+
 def main(scenario: str):
     timeout = datetime.timedelta(seconds=float(os.environ.get("TS_PG_TIMEOUT", "60")))
     dist.init_process_group("gloo", rank=RANK, world_size=WORLD, timeout=timeout)
@@ -444,6 +468,8 @@ def main(scenario: str):
         results.update(zero_scenario(ZERO4, os.environ["TS_ZERO_RESUME"]))
     elif scenario == "zempty":
         results.update(zero_empty_scenario(os.environ["TS_ZERO_RESUME"]))
+    elif scenario == "zlowbit":
+        results.update(zero_lowbit_scenario(os.environ.get("TS_ZERO_RESUME")))
     elif scenario == "hardening":
         facts["hardening"] = hardening_case()
     elif scenario.startswith("join_"):

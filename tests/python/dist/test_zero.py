@@ -17,6 +17,8 @@ from dist_helpers import (
     EMPTY_RESUME,
     F32,
     F64,
+    LOWBIT_CASES,
+    LOWBIT_SAVE_AT,
     MODELS,
     ZERO4,
     ZERO_CASES,
@@ -25,6 +27,7 @@ from dist_helpers import (
     case_reference,
     inject_inf,
     launch,
+    lowbit_loop,
     optimizer_spec,
     reference,
     window_data,
@@ -578,3 +581,367 @@ def test_state_dicts_in_the_cpp_layout_load_and_consolidate(zero2, single_group)
     )
     for n in want:
         torch.testing.assert_close(ref[n], want[n], **F64, msg=n)
+
+
+# ---- low-bit optimizer states (torchspeed.optim's state_dtype="bf16" / "int8") -------------------
+# int8 moments are quantized in blocks of each piece (the blocks start at the piece's first
+# element), so a sharded int8 run is not bitwise the unsharded one: its exact reference is the
+# same optimizer stepped on the same per-param pieces. A re-sharded checkpoint is a conversion:
+# each param's moments per element in float32 (int8 decoded, bf16 and float32 as they are), cut
+# for the new pieces and quantized in their blocks by the optimizer's own load.
+
+_CAPS = dict(bucket_cap_mb=0.004, first_bucket_cap_mb=0.001)  # dist_worker.CAPS
+# The fp32 optimizer a consolidated low-bit state continues in (torch.optim where it exists).
+_FP32_OF = {
+    "ts_adamw_bf16": "adamw",
+    "ts_adamw_int8": "adamw",
+    "ts_lion_int8": "ts_lion",
+    "ts_sgd_int8": "sgd",
+}
+
+
+def _lowbit_one_process(group, kw, resume=None):
+    """Case `kw` of LOWBIT_CASES on one process (world size 1), from `resume`."""
+    model = AccumulatingDDP(
+        Net(kw["dtype"]),
+        accumulation_steps=kw["data_world"] * kw["k"],
+        zero=1,
+        process_group=group,
+        **_CAPS,
+    )
+    cls, hyper = optimizer_spec(kw["opt_name"])
+    return lowbit_loop(model, model.zero_optimizer(cls, **hyper), kw, 1, 0, resume)
+
+
+def _lowbit_checkpoints(results_per_rank):
+    """{case: every rank's checkpoint at LOWBIT_SAVE_AT} from each rank's results."""
+    return {
+        name: {
+            "step": results_per_rank[0][name]["saved"]["step"],
+            "model": results_per_rank[0][name]["saved"]["model"],
+            "optimizers": [r[name]["saved"]["optimizer"] for r in results_per_rank],
+        }
+        for name in LOWBIT_CASES
+    }
+
+
+@pytest.fixture(scope="module")
+def lowbit(tmp_path_factory):
+    """Every LOWBIT_CASES case on 1 process (in this one), 2 ranks (resuming the 1-process
+    checkpoints: 1 -> 2) and 4 ranks (Gloo's native collectives, resuming the 2 ranks'
+    checkpoints: 2 -> 4): {world: [each rank's results]}, and a 1-process group."""
+    import torch.distributed as dist
+
+    out = tmp_path_factory.mktemp("dist_zlowbit")
+    group = dist.ProcessGroupGloo(dist.FileStore(str(out / "store"), 1), 0, 1)
+    one = {name: _lowbit_one_process(group, kw) for name, kw in LOWBIT_CASES.items()}
+    runs = {1: [one]}
+    torch.save(_lowbit_checkpoints(runs[1]), out / "from1.pt")
+    env = {"TS_ZERO_RESUME": str(out / "from1.pt")}
+    records = launch(2, "zlowbit", out / "w2", timeout=120, env=env)
+    assert_all_ok(records)
+    runs[2] = [r["pt"] for r in records]
+    torch.save(_lowbit_checkpoints(runs[2]), out / "from2.pt")
+    env = {"TS_ZERO_RESUME": str(out / "from2.pt"), "TORCHSPEED_ZERO_COLLECTIVES": "native"}
+    records = launch(4, "zlowbit", out / "w4", timeout=150, env=env)
+    assert_all_ok(records)
+    runs[4] = [r["pt"] for r in records]
+    return runs, group
+
+
+def _assert_state_equal(got, want, where):
+    assert sorted(got) == sorted(want), where
+    for key, v in want.items():
+        if isinstance(v, torch.Tensor):
+            assert got[key].dtype == v.dtype and torch.equal(got[key], v), f"{where}['{key}']"
+        else:
+            assert got[key] == v, f"{where}['{key}']"
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("case", sorted(LOWBIT_CASES))
+def test_zero1_lowbit_steps_as_the_same_optimizer_on_the_same_pieces(lowbit, case, world):
+    """Exact: the optimizer_class stepped in one process on tensors of the same per-param pieces
+    (one optimizer per rank and bucket, the pieces in the same order) with the gradients the
+    shards got reaches every rank's params and each piece's state bit for bit (bf16's stochastic
+    rounding seeds from the piece's position, int8 blocks start at the piece's first element)."""
+    runs, _ = lowbit
+    kw = LOWBIT_CASES[case]
+    cls, hyper = optimizer_spec(kw["opt_name"])
+    flats = [p.detach().reshape(-1).clone() for p in Net(kw["dtype"]).parameters()]
+    opts = []  # (rank, bucket, optimizer, [(slot, offset, numel)])
+    for rank, res in enumerate(runs[world]):
+        for b, entry in enumerate(res[case]["final_state"]["layout"]):
+            if entry["pieces"]:
+                ts = [flats[s][o : o + n].clone().requires_grad_() for s, o, n in entry["pieces"]]
+                opts.append((rank, b, cls(ts, **hyper), entry["pieces"]))
+    for step in range(kw["steps"]):
+        for rank, b, opt, _ in opts:
+            for t, g in zip(
+                opt.param_groups[0]["params"], runs[world][rank][case]["grads"][step][b]
+            ):
+                t.grad = g
+            opt.step()
+    for rank, b, opt, pieces in opts:
+        want = opt.state_dict()["state"]
+        got = runs[world][rank][case]["final_state"]["shards"][b]["state"]
+        assert sorted(got) == sorted(want), (rank, b)
+        for k, st in want.items():
+            _assert_state_equal(got[k], st, f"rank {rank} bucket {b} piece {k}")
+        for t, (s, o, n) in zip(opt.param_groups[0]["params"], pieces):
+            flats[s][o : o + n] = t.detach()
+    for res in runs[world]:
+        for (n, got), want in zip(res[case]["params"].items(), flats):
+            assert torch.equal(got.reshape(-1), want), (case, world, n)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("case", sorted(LOWBIT_CASES))
+def test_zero1_lowbit_own_state_dict_continues_bit_identically(lowbit, case, world):
+    """Each rank reloads its own checkpoint of step 2 (codes and absmaxes, or bf16, as stored):
+    the run goes on bit for bit as the one that never stopped."""
+    runs, group = lowbit
+    if world == 1:  # the fixture's ranks resumed their own in the workers; here the process
+        res = runs[1][0][case]
+        saved = res["saved"]
+        own = [
+            _lowbit_one_process(
+                group, LOWBIT_CASES[case], dict(saved, optimizers=saved["optimizer"])
+            )
+        ]
+    else:
+        own = [r[case + "/own"] for r in runs[world]]
+    for r, got in zip(runs[world], own):
+        assert _lowbit_format_of(got["loaded"]) == _lowbit_format_of(r[case]["saved"]["optimizer"])
+        for n, want in r[case]["params"].items():
+            assert torch.equal(got["params"][n], want), (case, world, n)
+
+
+def _lowbit_format_of(sd):
+    """The dtypes of every piece's state entries (the stored formats), in order."""
+    return [
+        {k: v.dtype for k, v in st.items() if isinstance(v, torch.Tensor)}
+        for shard in sd["shards"]
+        for _, st in sorted(shard["state"].items())
+    ]
+
+
+@pytest.mark.parametrize("case", ["lb_adamw_bf16", "lb_adamw_int8"])
+def test_zero1_lowbit_adamw_stays_close_to_unsharded_fp32_adamw(lowbit, case):
+    """Against torchspeed's float32 AdamW, unsharded, over the same batches (4 steps, lr 1e-2):
+    bf16 moments within 2e-4 of it, int8 moments (blocks of 32) within 2e-3, on 1, 2 and 4
+    ranks; each step moves a param by about lr = 1e-2, so int8's bound is 5 % of one step per step
+    (its moments are within 1/16 of theirs)."""
+    runs, _ = lowbit
+    kw = LOWBIT_CASES[case]
+    ref = reference("plain", kw["data_world"], kw["k"], kw["steps"], 4, kw["dtype"], "ts_adamw")
+    atol = 2e-4 if case.endswith("bf16") else 2e-3
+    for world, ranks in runs.items():
+        for r in ranks:
+            for n, want in ref.items():
+                torch.testing.assert_close(
+                    r[case]["params"][n], want, rtol=0, atol=atol, msg=f"world {world} {n}"
+                )
+
+
+def _lowbit_full(dicts):
+    """Per param slot, per key: the state of every element as the checkpoint `dicts` holds it,
+    decoded here piece by piece with the pieces' own blocks (lowbit_decode): float32 for int8
+    codes, as stored otherwise."""
+    full = {}
+    for d in dicts:
+        for b, entry in enumerate(d["layout"]):
+            shard = d["shards"][b]
+            block = shard["param_groups"][0].get("state_block") if shard["param_groups"] else None
+            for k, (slot, off, _) in enumerate(entry["pieces"]):
+                st = shard["state"].get(k)
+                if st is None:
+                    continue
+                for key, v in st.items():
+                    if key.endswith("_absmax"):
+                        continue
+                    if not (isinstance(v, torch.Tensor) and v.dim() == 1):
+                        full.setdefault(slot, {}).setdefault(key, {None: v})  # a step count
+                        continue
+                    if key + "_absmax" in st:
+                        v = torch.ops.torchspeed.lowbit_decode(v, st[key + "_absmax"], block)
+                    full.setdefault(slot, {}).setdefault(key, {})[off] = v
+    return {
+        slot: {
+            key: parts[None] if None in parts else torch.cat([parts[o] for o in sorted(parts)])
+            for key, parts in st.items()
+        }
+        for slot, st in full.items()
+    }
+
+
+def _assert_requantized(loaded_dicts, old_dicts, kw):
+    """The state right after a re-sharding load, piece by piece, is the old state per element
+    (_lowbit_full) cut for the piece and stored in the piece's format: int8 codes and absmaxes
+    exactly lowbit_encode's of those float32 values in the piece's blocks, bf16 and float32 values
+    equal; scalars (step counts) equal."""
+    old = _lowbit_full(old_dicts)
+    block = optimizer_spec(kw["opt_name"])[1].get("state_block")
+    pieces = 0
+    for d in loaded_dicts:
+        for b, entry in enumerate(d["layout"]):
+            for k, (slot, off, n) in enumerate(entry["pieces"]):
+                st = d["shards"][b]["state"][k]
+                for key, v in st.items():
+                    where = f"rank {d['rank']} bucket {b} piece {k} '{key}'"
+                    if key.endswith("_absmax"):
+                        continue
+                    if not (isinstance(v, torch.Tensor) and v.dim() == 1):
+                        assert float(v) == float(old[slot][key]), where
+                        continue
+                    want = old[slot][key][off : off + n]
+                    if key + "_absmax" in st:
+                        signed = v.dtype == torch.int8
+                        codes, absmax = torch.ops.torchspeed.lowbit_encode(want, signed, block)
+                        assert torch.equal(v, codes), where
+                        assert torch.equal(st[key + "_absmax"], absmax), where
+                    else:
+                        assert v.dtype == want.dtype and torch.equal(v, want), where
+                    pieces += 1
+    assert pieces > 0
+
+
+def _assert_continues_close(got, want, kw, what):
+    """A run resumed from a converted state against the one that never stopped, per step after
+    the resume: params within 0.25 lr (AdamW's update is about lr per element; SGD's here is
+    smaller), Lion's within 2 lr (its update is lr * sign: a moment near 0 that the conversion
+    moves across 0 flips it), and the mean difference under 0.01 lr (measured: 0.002 lr and
+    less; a wrong state changes most elements' updates)."""
+    lr = optimizer_spec(kw["opt_name"])[1]["lr"]
+    steps = kw["steps"] - LOWBIT_SAVE_AT
+    atol = (2.0 if "lion" in kw["opt_name"] else 0.25) * lr * steps
+    diff = torch.cat([(got[n] - w).abs().reshape(-1) for n, w in want.items()])
+    assert diff.mean() <= 0.01 * lr * steps, (what, diff.mean().item() / lr)
+    for n, w in want.items():
+        torch.testing.assert_close(got[n], w, rtol=0, atol=atol, msg=f"{what} {n}")
+
+
+@pytest.mark.parametrize("move", ["2->1", "1->2", "2->4"])
+@pytest.mark.parametrize("case", sorted(LOWBIT_CASES))
+def test_zero1_lowbit_resharding_requantizes_per_element_and_continues(lowbit, case, move):
+    """A checkpoint of another world size loads as a conversion: the loaded state is the old one
+    per element, re-quantized in the new pieces' blocks (exactly, _assert_requantized), and the
+    run continues within _assert_continues_close of the run that never stopped."""
+    runs, group = lowbit
+    kw = LOWBIT_CASES[case]
+    src, dst = (int(w) for w in move.split("->"))
+    old = [r[case]["saved"]["optimizer"] for r in runs[src]]
+    if dst == 1:
+        ck = _lowbit_checkpoints(runs[src])[case]
+        resumed = [_lowbit_one_process(group, kw, ck)]
+    else:
+        resumed = [r[case + "/resumed"] for r in runs[dst]]
+    _assert_requantized([r["loaded"] for r in resumed], old, kw)
+    for r in resumed:
+        _assert_continues_close(r["params"], runs[src][0][case]["params"], kw, move)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("case", sorted(LOWBIT_CASES))
+def test_zero1_lowbit_consolidates_to_float32_moments_that_continue(lowbit, case, world):
+    """consolidate_state_dict decodes int8 moments to float32 (each piece with its own blocks:
+    exactly what each shard optimizer's torch_state_dict() gives), keeps bf16 per element; the
+    plain float32 optimizer (torch.optim.AdamW / SGD, torchspeed's fp32 Lion) loads it and
+    continues within _assert_continues_close of the run that never stopped."""
+    runs, _ = lowbit
+    kw = LOWBIT_CASES[case]
+    ck = _lowbit_checkpoints(runs[world])[case]
+    plain = consolidate_state_dict(ck["optimizers"])
+    shapes = ck["optimizers"][0]["param_shapes"]
+    for r in runs[world]:  # the shard optimizers' own float32 export, piece by piece
+        saved = r[case]["saved"]
+        for b, entry in enumerate(saved["optimizer"]["layout"]):
+            for k, (slot, off, n) in enumerate(entry["pieces"]):
+                for key, v in saved["torch_states"][b]["state"][k].items():
+                    got = plain["state"][slot][key]
+                    if v.dim() == 0:
+                        assert float(got) == float(v), (slot, key)
+                        continue
+                    assert got.shape == torch.Size(shapes[slot]), (slot, key)
+                    got = got.reshape(-1)[off : off + n]
+                    assert got.dtype in (torch.float32, torch.bfloat16), (slot, key, got.dtype)
+                    assert torch.equal(got.float(), v), (slot, key)
+    for st in plain["state"].values():
+        assert not any(key.endswith("_absmax") for key in st)
+    ref = reference(
+        "plain",
+        kw["data_world"],
+        kw["k"],
+        kw["steps"],
+        4,
+        kw["dtype"],
+        _FP32_OF[kw["opt_name"]],
+        start=(ck["step"], ck["model"], plain),
+    )
+    _assert_continues_close(ref, runs[world][0][case]["params"], kw, "consolidated")
+
+
+def test_zero1_lowbit_bad_states_are_refused_and_load_nothing(lowbit):
+    """Re-sharding refuses int8 codes whose absmaxes do not match the piece (naming the piece and
+    the key); a state the last bucket's optimizer refuses as it loads (a NaN moment bound for
+    int8) puts every bucket back: after either, the state_dict is what it was."""
+    runs, group = lowbit
+    kw = LOWBIT_CASES["lb_adamw_int8"]
+    model = AccumulatingDDP(
+        Net(kw["dtype"]), accumulation_steps=4, zero=1, process_group=group, **_CAPS
+    )
+    cls, hyper = optimizer_spec(kw["opt_name"])
+    opt = model.zero_optimizer(cls, **hyper)
+    ck = _lowbit_checkpoints(runs[2])["lb_adamw_int8"]
+    opt.load_state_dict(ck["optimizers"])
+    before = copy.deepcopy(opt.state_dict())
+
+    def unchanged():
+        now = opt.state_dict()
+        for b, (x, y) in enumerate(zip(now["shards"], before["shards"])):
+            assert sorted(x["state"]) == sorted(y["state"]), b
+            for k in y["state"]:
+                _assert_state_equal(x["state"][k], y["state"][k], f"bucket {b} piece {k}")
+
+    def last_int8_piece(dicts):
+        for d in reversed(dicts):
+            for shard in reversed(d["shards"]):
+                for st in shard["state"].values():
+                    if "exp_avg_absmax" in st:
+                        return st
+        raise AssertionError("no int8 piece")
+
+    short = copy.deepcopy(ck["optimizers"])
+    st = last_int8_piece(short)
+    st["exp_avg_absmax"] = st["exp_avg_absmax"][:-1].clone()
+    with pytest.raises(ValueError, match=r"piece \d+'s 'exp_avg' must be \d+ int8 / uint8 codes"):
+        opt.load_state_dict(short)
+    unchanged()
+    nan = copy.deepcopy(ck["optimizers"])
+    st = last_int8_piece(nan)
+    st["exp_avg_absmax"][0] = float("nan")
+    with pytest.raises(ValueError, match="finite float32 absmaxes"):
+        opt.load_state_dict(nan)
+    unchanged()
+    # The checkpoint with float32 moments and another step count, and a NaN in the last
+    # bucket's exp_avg: re-sharded fine, refused by that bucket's int8 optimizer after the
+    # buckets before it loaded theirs.
+    fp32 = copy.deepcopy(ck["optimizers"])
+    for d in fp32:
+        for shard in d["shards"]:
+            for st in shard["state"].values():
+                st["step"] = st["step"] + 5
+                for key in [k for k in st if k.endswith("_absmax")]:
+                    code = key[: -len("_absmax")]
+                    st[code] = torch.ops.torchspeed.lowbit_decode(
+                        st[code], st.pop(key), hyper["state_block"]
+                    )
+    last = next(
+        st for d in reversed(fp32) for sh in reversed(d["shards"]) for st in sh["state"].values()
+    )
+    last["exp_avg"][0] = float("nan")
+    with pytest.raises(
+        ValueError, match=r"refusal from bucket \d+: .*must be finite.*nothing was loaded"
+    ):
+        opt.load_state_dict(fp32)
+    unchanged()
