@@ -63,9 +63,10 @@ def test_lm_task_learns_real_text_and_reports_the_held_out_loss(tmp_path, monkey
     big = sum(n for n in sizes if n >= 4096)
     want = (8 * small + 2 * big * (1 + 4 / 256)) / (small + big)
     got = by["adamw torchspeed int8"]["state_bytes_per_param"]
-    assert got == pytest.approx(want, rel=0.02) and got < by["adamw torchspeed bf16"][
-        "state_bytes_per_param"
-    ]
+    assert (
+        got == pytest.approx(want, rel=0.02)
+        and got < by["adamw torchspeed bf16"]["state_bytes_per_param"]
+    )
 
 
 def test_lm_corpus_is_python_source():
