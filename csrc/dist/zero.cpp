@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "torchspeed/ops/optim.h"
 #include "torchspeed/profile/profile.h"
 
 namespace torchspeed::dist {
@@ -433,6 +434,74 @@ BucketState bucket_of(const c10::IValue& d, size_t b, size_t i) {
 
 bool elementwise(const c10::IValue& v) { return v.isTensor() && v.toTensor().dim() == 1; }
 
+const c10::IValue* find_named(const Named& values, const std::string& key) {
+  for (const auto& [name, v] : values) {
+    if (name == key) return &v;
+  }
+  return nullptr;
+}
+
+// A piece's state with every value per element, for re-sharding: the int8 moments of
+// torchspeed's low-bit optimizers (state_dtype "int8": codes plus "<key>_absmax", one absmax per
+// block of the group's state_block elements, the blocks starting at the piece's first element)
+// decoded to float32 by the step's own decoder, since blocks cut at a piece's ends can be neither
+// joined nor cut per element. The new pieces' optimizers quantize them again in their own blocks
+// as they load them (as they convert any float32 state). Everything else is per element already
+// (float32 or bfloat16 moments, a step count). As Python's zero._per_element.
+constexpr const char* kAbsmax = "_absmax";
+
+// Whether `key` is the per-block absmax of another value of `values` (an int8 moment's codes):
+// one value per block, not per element.
+bool is_absmax(const Named& values, const std::string& key) {
+  const size_t n = std::char_traits<char>::length(kAbsmax);
+  return key.size() > n && key.compare(key.size() - n, n, kAbsmax) == 0 &&
+         find_named(values, key.substr(0, key.size() - n)) != nullptr;
+}
+
+Named per_element(Named values, const Named& options, const std::string& where) {
+  const std::string suffix = kAbsmax;
+  bool any = false;
+  for (const auto& [key, v] : values) any = any || is_absmax(values, key);
+  if (!any) return values;
+  const c10::IValue* block = find_named(options, "state_block");
+  const int64_t state_block = block == nullptr ? 256 : block->isInt() ? block->toInt() : -1;
+  TORCH_CHECK_VALUE(state_block >= 1, kLoad, ": ", where,
+                    "'s group state_block must be the int block of its int8 state, got ",
+                    block == nullptr ? c10::IValue() : *block);
+  Named out;
+  for (const auto& [key, v] : values) {
+    if (is_absmax(values, key)) continue;
+    const c10::IValue* absmax = find_named(values, key + suffix);
+    if (absmax == nullptr) {
+      out.emplace_back(key, v);
+      continue;
+    }
+    TORCH_CHECK_VALUE(v.isTensor() && absmax->isTensor(), kLoad, ": ", where, "'s '", key,
+                      "' and '", key, suffix,
+                      "' must be tensors (int8 codes and their absmaxes), "
+                      "got ",
+                      v.tagKind(), " and ", absmax->tagKind());
+    const at::Tensor a = absmax->toTensor().cpu();
+    TORCH_CHECK_VALUE(a.scalar_type() != at::kFloat ||
+                          (at::isfinite(a).all().item<bool>() && !(a < 0).any().item<bool>()),
+                      kLoad, ": ", where, "'s '", key, suffix,
+                      "' must hold finite absmaxes >= 0, got min ",
+                      a.numel() ? a.min().item<float>() : 0.0f, " max ",
+                      a.numel() ? a.max().item<float>() : 0.0f);
+    LowbitDecodeArgs d;
+    d.codes = v.toTensor().cpu().reshape({-1});
+    d.absmax = a;
+    d.state_block = state_block;
+    try {
+      out.emplace_back(key, lowbit_decode(d));
+    } catch (const c10::Error& e) {
+      TORCH_CHECK_VALUE(false, kLoad, ": ", where, "'s '", key, "' (state_block ", state_block,
+                        "): ", e.what_without_backtrace());
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 c10::IValue ZeroOptimizer::state_dict() const {
@@ -550,9 +619,11 @@ void ZeroOptimizer::load_state_dict(const std::vector<c10::IValue>& dicts) {
                           ": state_dicts[0] bucket ", b, " must have state for its ", pieces.size(),
                           " pieces only, got piece ", k);
         for (const auto& [key, v] : values) {
-          TORCH_CHECK_VALUE(!elementwise(v) || v.toTensor().numel() == pieces[k].numel, kLoad,
-                            ": state_dicts[0] bucket ", b, " piece ", k, "'s state '", key,
-                            "' must have ", pieces[k].numel, " values, got ", v.toTensor().numel());
+          // An int8 moment's absmaxes (one per block) are checked by the optimizer's load.
+          TORCH_CHECK_VALUE(
+              !elementwise(v) || is_absmax(values, key) || v.toTensor().numel() == pieces[k].numel,
+              kLoad, ": state_dicts[0] bucket ", b, " piece ", k, "'s state '", key, "' must have ",
+              pieces[k].numel, " values, got ", v.toTensor().numel());
         }
       }
     }
@@ -569,7 +640,10 @@ void ZeroOptimizer::load_state_dict(const std::vector<c10::IValue>& dicts) {
                             ": state_dicts[", i, "] bucket ", b, " must have state for its ",
                             pieces.size(), " pieces only, got piece ", k);
           const auto& piece = pieces[k];
-          parts[piece[0]].emplace_back(piece[1], piece[2], std::move(values));
+          parts[piece[0]].emplace_back(
+              piece[1], piece[2],
+              per_element(std::move(values), s.options,
+                          c10::str("state_dicts[", i, "] bucket ", b, " piece ", k)));
         }
         if (!next[b].has_group && s.has_group) {
           next[b].options = s.options;
@@ -595,7 +669,14 @@ void ZeroOptimizer::load_state_dict(const std::vector<c10::IValue>& dicts) {
       TORCH_CHECK_VALUE(covered == numel, kLoad, ": param ", slot,
                         " must have optimizer state for all of its ", numel,
                         " elements or none, got ", covered);
-      const Named& first = std::get<2>(pieces.front());
+      // Every piece's keys: a low-bit SGD keeps a step count beside its int8 / bf16 buffers only,
+      // so a param cut into an int8 piece and a small float32 one has it in one of them.
+      Named first;
+      for (const auto& piece : pieces) {
+        for (const auto& [key, v] : std::get<2>(piece)) {
+          if (find_named(first, key) == nullptr) first.emplace_back(key, v);
+        }
+      }
       order[slot] = first;
       for (const auto& [key, v0] : first) {
         if (!elementwise(v0)) {

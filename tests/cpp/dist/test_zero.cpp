@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -18,6 +19,7 @@
 #include "test_net.h"
 #include "torchspeed/dist/ddp.h"
 #include "torchspeed/dist/zero.h"
+#include "torchspeed/ops/optim.h"
 #include "torchspeed/optim/adam.h"
 
 namespace tsd = torchspeed::dist;
@@ -35,11 +37,17 @@ std::pair<torch::Tensor, torch::Tensor> batch(int step, int rank, int micro, tor
   return {x.to(dtype), torch::sin(x.slice(1, 0, 3) - x.slice(1, 3, 6)).to(dtype)};
 }
 
-// The optimizer under test, over any params: torchspeed's fused AdamW or torch's.
-std::unique_ptr<torch::optim::Optimizer> make_opt(bool fused, std::vector<torch::Tensor> params) {
+// int8 moments in blocks of kBlock, from kBlock elements on (smaller pieces keep float32 ones).
+constexpr int64_t kBlock = 8;
+
+// The optimizer under test, over any params: torchspeed's fused AdamW (int8: with int8 moments)
+// or torch's.
+std::unique_ptr<torch::optim::Optimizer> make_opt(bool fused, std::vector<torch::Tensor> params,
+                                                  bool int8 = false) {
   if (fused) {
-    return std::make_unique<torchspeed::optim::AdamW>(
-        std::move(params), torchspeed::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    auto options = torchspeed::optim::AdamWOptions(1e-2).weight_decay(0.1);
+    if (int8) options.state_dtype("int8").state_block(kBlock).min_lowbit_numel(kBlock);
+    return std::make_unique<torchspeed::optim::AdamW>(std::move(params), options);
   }
   return std::make_unique<torch::optim::AdamW>(std::move(params),
                                                torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
@@ -209,6 +217,7 @@ struct Resume {
   std::vector<torch::Tensor> params;  // the model at `from` (empty: its initial values)
   std::vector<c10::IValue> state;     // what every rank loads (empty: nothing)
   bool own = false;                   // each rank loads state[rank] alone
+  bool int8 = false;                  // fused AdamW with int8 moments (make_opt)
 };
 
 struct ResumeOut {
@@ -232,7 +241,7 @@ ResumeOut resume_rank(const Resume& run, int rank, const c10::intrusive_ptr<c10d
                                  .first_bucket_cap_mb(0.0005)
                                  .zero(1));
     tsd::ZeroOptimizer opt(ddp, [&](std::vector<torch::Tensor> pieces) {
-      return make_opt(run.fused, std::move(pieces));
+      return make_opt(run.fused, std::move(pieces), run.int8);
     });
     if (!run.params.empty()) {
       torch::NoGradGuard no_grad;
@@ -625,4 +634,165 @@ TEST_CASE(
     }
     require_close(out[r].params, ref, 1e-12, "rank " + std::to_string(r));
   }
+}
+
+// ---- int8 optimizer states across world sizes -------------------------------------------------
+
+namespace {
+
+// [slot, offset, numel] of piece k of bucket b in a state dict's layout.
+std::vector<int64_t> piece_row(const c10::IValue& d, size_t b, int64_t k) {
+  const auto layout = d.toGenericDict().at("layout").toListRef();
+  return layout[b].toGenericDict().at("pieces").toListRef()[k].toIntVector();
+}
+
+// Per param slot and moment: every element's float32 value in the state dicts `dicts` (int8
+// codes decoded piece by piece with the pieces' own blocks; float32 as stored).
+std::map<int64_t, std::map<std::string, torch::Tensor>> moments_per_element(
+    const std::vector<c10::IValue>& dicts) {
+  std::map<int64_t, std::map<std::string, std::map<int64_t, torch::Tensor>>> parts;
+  for (const auto& d : dicts) {
+    const auto shards = d.toGenericDict().at("shards").toListRef();
+    for (size_t b = 0; b < shards.size(); ++b) {
+      for (const auto& item : shards[b].toGenericDict().at("state").toGenericDict()) {
+        const auto row = piece_row(d, b, item.key().toInt());
+        const auto st = item.value().toGenericDict();
+        for (const std::string key : {"exp_avg", "exp_avg_sq"}) {
+          torch::Tensor v = st.at(key).toTensor();
+          if (st.contains(key + "_absmax")) {
+            torchspeed::LowbitDecodeArgs a;
+            a.codes = v;
+            a.absmax = st.at(key + "_absmax").toTensor();
+            a.state_block = kBlock;
+            v = torchspeed::lowbit_decode(a);
+          }
+          parts[row[0]][key][row[1]] = v.to(torch::kFloat32);
+        }
+      }
+    }
+  }
+  std::map<int64_t, std::map<std::string, torch::Tensor>> out;
+  for (const auto& [slot, keys] : parts) {
+    for (const auto& [key, by_offset] : keys) {
+      std::vector<torch::Tensor> cat;
+      for (const auto& [off, v] : by_offset) cat.push_back(v);
+      out[slot][key] = torch::cat(cat);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ZeroOptimizer (C++) re-shards int8 optimizer states by decoding and re-quantizing") {
+  Resume base;
+  base.fused = true;
+  base.int8 = true;
+  const auto full = resume_world(base);
+  const auto state2 = saved_of(full);
+  const auto want = full[0].params;
+
+  Resume own = base;
+  own.from = kSaveAt;
+  own.params = full[0].saved_params;
+  own.state = state2;
+  own.own = true;
+  for (const auto& r : resume_world(own)) require_equal(r.params, want, "int8 2 -> 2, own dict");
+
+  // Another world size: each new piece's state is the old one per element (each old piece
+  // decoded with its blocks), cut for the piece and quantized in the piece's own blocks.
+  const auto old = moments_per_element(state2);
+  for (int world : {1, 4}) {
+    Resume load = own;
+    load.own = false;
+    load.world = world;
+    load.to = kSaveAt;  // `last` is the state right after the load
+    int64_t int8_pieces = 0, pieces = 0;
+    for (const auto& r : resume_world(load)) {
+      const auto shards = r.last.toGenericDict().at("shards").toListRef();
+      for (size_t b = 0; b < shards.size(); ++b) {
+        for (const auto& item : shards[b].toGenericDict().at("state").toGenericDict()) {
+          const auto row = piece_row(r.last, b, item.key().toInt());
+          const auto st = item.value().toGenericDict();
+          ++pieces;
+          for (const std::string key : {"exp_avg", "exp_avg_sq"}) {
+            INFO("world " << world << " bucket " << b << " piece " << item.key().toInt() << " "
+                          << key);
+            const torch::Tensor cut = old.at(row[0]).at(key).narrow(0, row[1], row[2]);
+            if (!st.contains(key + "_absmax")) {
+              CHECK(row[2] < kBlock);
+              CHECK(torch::equal(st.at(key).toTensor(), cut));
+              continue;
+            }
+            torchspeed::LowbitEncodeArgs e;
+            e.values = cut.contiguous();
+            e.is_signed = key == "exp_avg";
+            e.state_block = kBlock;
+            const auto [codes, absmax] = torchspeed::lowbit_encode(e);
+            CHECK(torch::equal(st.at(key).toTensor(), codes));
+            CHECK(torch::equal(st.at(key + "_absmax").toTensor(), absmax));
+            ++int8_pieces;
+          }
+        }
+      }
+    }
+    CHECK(int8_pieces > 0);
+    CHECK(pieces > 0);
+    // It continues close to the run that never stopped: each step moves a param by about
+    // lr = 1e-2, and re-quantized moments (within one int8 step of theirs) change that little.
+    Resume cont = load;
+    cont.to = kResumeSteps;
+    for (const auto& r : resume_world(cont)) {
+      for (size_t i = 0; i < want.size(); ++i) {
+        const double err = (r.params[i] - want[i]).abs().max().item<double>();
+        INFO("world " << world << " param " << i << " max error " << err);
+        CHECK(err <= 0.25 * 1e-2 * (kResumeSteps - kSaveAt));
+      }
+    }
+  }
+}
+
+TEST_CASE("ZeroOptimizer (C++) refuses int8 states it cannot decode and loads nothing of them") {
+  Resume base;
+  base.fused = true;
+  base.int8 = true;
+  base.to = kSaveAt;
+  const auto two = saved_of(resume_world(base), true);
+  setenv("GLOO_SOCKET_IFNAME", "lo", 0);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = tsd::new_gloo_group(store, 0, 1);
+  auto net = make_net(torch::kFloat32);
+  tsd::AccumulatingDDP ddp(*net, group,
+                           tsd::DDPOptions()
+                               .accumulation_steps(kGlobalMicro)
+                               .bucket_cap_mb(0.0015)
+                               .first_bucket_cap_mb(0.0005)
+                               .zero(1));
+  tsd::ZeroOptimizer opt(ddp, [](std::vector<torch::Tensor> p) { return make_opt(true, p, true); });
+  opt.load_state_dict(two);  // 2 -> 1: the state to keep through the refusals below
+  const auto before = torch::pickle_save(opt.state_dict());
+  // The last int8 piece of rank 1: a NaN absmax, then one absmax too few.
+  const auto last_int8 = [](c10::IValue& d) {
+    const auto shards = d.toGenericDict().at("shards").toListRef();
+    for (size_t b = shards.size(); b-- > 0;) {
+      for (const auto& item : shards[b].toGenericDict().at("state").toGenericDict()) {
+        if (item.value().toGenericDict().contains("exp_avg_absmax")) {
+          return item.value().toGenericDict();
+        }
+      }
+    }
+    FAIL("no int8 piece");
+    return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+  };
+  using Catch::Matchers::Contains;
+  auto nan = two[1].deepcopy();
+  last_int8(nan).at("exp_avg_absmax").toTensor()[0] = std::nan("");
+  CHECK_THAT(load_error(opt, {two[0], nan}),
+             Contains("'s 'exp_avg_absmax' must hold finite absmaxes >= 0"));
+  auto cut = two[1].deepcopy();
+  auto st = last_int8(cut);
+  const auto a = st.at("exp_avg_absmax").toTensor();
+  st.insert_or_assign("exp_avg_absmax", a.narrow(0, 0, a.numel() - 1).clone());
+  CHECK_THAT(load_error(opt, {two[0], cut}), Contains("'s 'exp_avg' (state_block 8): "));
+  CHECK(torch::pickle_save(opt.state_dict()) == before);  // nothing half-loaded
 }
