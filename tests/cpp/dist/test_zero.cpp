@@ -211,12 +211,22 @@ std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int g, torch::Dty
 }
 
 struct Resume {
-  int world = 2;
-  int from = 0, to = kResumeSteps;
-  bool fused = false;
+  explicit Resume(int world = 2, int from = 0, int to = kResumeSteps, bool fused = false,
+                  std::vector<torch::Tensor> params = {}, std::vector<c10::IValue> state = {},
+                  bool own = false)
+      : world(world),
+        from(from),
+        to(to),
+        fused(fused),
+        params(std::move(params)),
+        state(std::move(state)),
+        own(own) {}
+  int world;
+  int from, to;
+  bool fused;
   std::vector<torch::Tensor> params;  // the model at `from` (empty: its initial values)
   std::vector<c10::IValue> state;     // what every rank loads (empty: nothing)
-  bool own = false;                   // each rank loads state[rank] alone
+  bool own;                           // each rank loads state[rank] alone
   bool int8 = false;                  // fused AdamW with int8 moments (make_opt)
 };
 
@@ -389,6 +399,30 @@ c10::IValue python_style(const c10::IValue& d) {
   return out;
 }
 
+// A 1-rank ZeroOptimizer over the test net with the checkpoints' buckets, for the refusal tests.
+struct OneRank {
+  explicit OneRank(bool fused, bool int8 = false)
+      : group(make_group()),
+        net(make_net(dtype_of(fused))),
+        ddp(*net, group,
+            tsd::DDPOptions()
+                .accumulation_steps(kGlobalMicro)
+                .bucket_cap_mb(0.0015)
+                .first_bucket_cap_mb(0.0005)
+                .zero(1)),
+        opt(ddp, [fused, int8](std::vector<torch::Tensor> p) {
+          return make_opt(fused, std::move(p), int8);
+        }) {}
+  static c10::intrusive_ptr<c10d::ProcessGroup> make_group() {
+    setenv("GLOO_SOCKET_IFNAME", "lo", 0);
+    return tsd::new_gloo_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);
+  }
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  torch::nn::Sequential net;
+  tsd::AccumulatingDDP ddp;
+  tsd::ZeroOptimizer opt;
+};
+
 std::string load_error(tsd::ZeroOptimizer& opt, const std::vector<c10::IValue>& dicts) {
   try {
     opt.load_state_dict(dicts);
@@ -440,17 +474,8 @@ TEST_CASE("ZeroOptimizer (C++) state dicts have Python's v2 layout and pickle") 
 TEST_CASE("ZeroOptimizer (C++) load_state_dict refuses bad states and loads nothing of them") {
   const auto run = resume_world(Resume{2, 0, kSaveAt, false});
   const auto two = saved_of(run, true);
-  setenv("GLOO_SOCKET_IFNAME", "lo", 0);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto group = tsd::new_gloo_group(store, 0, 1);
-  auto net = make_net(torch::kFloat64);
-  tsd::AccumulatingDDP ddp(*net, group,
-                           tsd::DDPOptions()
-                               .accumulation_steps(kGlobalMicro)
-                               .bucket_cap_mb(0.0015)
-                               .first_bucket_cap_mb(0.0005)
-                               .zero(1));
-  tsd::ZeroOptimizer opt(ddp, [](std::vector<torch::Tensor> p) { return make_opt(false, p); });
+  OneRank one(/*fused=*/false);
+  tsd::ZeroOptimizer& opt = one.opt;
   opt.load_state_dict(two);  // 2 -> 1: the state to keep through every refusal below
   const auto before = torch::pickle_save(opt.state_dict());
   using Catch::Matchers::Contains;
@@ -469,7 +494,7 @@ TEST_CASE("ZeroOptimizer (C++) load_state_dict refuses bad states and loads noth
              Contains("in rank order, got rank 1 of world size 2 at index 0"));
   auto other_net = torch::nn::Sequential(torch::nn::Linear(6, 3));
   other_net->to(torch::kFloat64);
-  tsd::AccumulatingDDP other_ddp(*other_net, group, tsd::DDPOptions().zero(1));
+  tsd::AccumulatingDDP other_ddp(*other_net, one.group, tsd::DDPOptions().zero(1));
   tsd::ZeroOptimizer other(other_ddp,
                            [](std::vector<torch::Tensor> p) { return make_opt(false, p); });
   CHECK_THAT(load_error(other, two),
@@ -509,17 +534,8 @@ TEST_CASE("ZeroOptimizer (C++) loads state dicts written by Python's ZeroOptimiz
 TEST_CASE("ZeroOptimizer (C++) load_state_dict puts every bucket back when one optimizer refuses") {
   const auto run = resume_world(Resume{2, 0, kSaveAt, /*fused=*/true});
   const auto two = saved_of(run, true);
-  setenv("GLOO_SOCKET_IFNAME", "lo", 0);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto group = tsd::new_gloo_group(store, 0, 1);
-  auto net = make_net(torch::kFloat32);
-  tsd::AccumulatingDDP ddp(*net, group,
-                           tsd::DDPOptions()
-                               .accumulation_steps(kGlobalMicro)
-                               .bucket_cap_mb(0.0015)
-                               .first_bucket_cap_mb(0.0005)
-                               .zero(1));
-  tsd::ZeroOptimizer opt(ddp, [](std::vector<torch::Tensor> p) { return make_opt(true, p); });
+  OneRank one(/*fused=*/true);
+  tsd::ZeroOptimizer& opt = one.opt;
   REQUIRE(opt.shards().num_buckets() >= 2);
   opt.load_state_dict(two);  // 2 -> 1: the state to keep through the refusal below
   const auto before = torch::pickle_save(opt.state_dict());
@@ -758,17 +774,8 @@ TEST_CASE("ZeroOptimizer (C++) refuses int8 states it cannot decode and loads no
   base.int8 = true;
   base.to = kSaveAt;
   const auto two = saved_of(resume_world(base), true);
-  setenv("GLOO_SOCKET_IFNAME", "lo", 0);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto group = tsd::new_gloo_group(store, 0, 1);
-  auto net = make_net(torch::kFloat32);
-  tsd::AccumulatingDDP ddp(*net, group,
-                           tsd::DDPOptions()
-                               .accumulation_steps(kGlobalMicro)
-                               .bucket_cap_mb(0.0015)
-                               .first_bucket_cap_mb(0.0005)
-                               .zero(1));
-  tsd::ZeroOptimizer opt(ddp, [](std::vector<torch::Tensor> p) { return make_opt(true, p, true); });
+  OneRank one(/*fused=*/true, /*int8=*/true);
+  tsd::ZeroOptimizer& opt = one.opt;
   opt.load_state_dict(two);  // 2 -> 1: the state to keep through the refusals below
   const auto before = torch::pickle_save(opt.state_dict());
   // The last int8 piece of rank 1: a NaN absmax, then one absmax too few.
