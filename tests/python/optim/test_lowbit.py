@@ -3,10 +3,16 @@ a float64 reference of the same quantized algorithm (dequantize -> update -> req
 bit-identical on every CPU ISA, the quantization error bound, bf16's stochastic rounding, the
 GradScaler skip, state_dict interop in every direction, bad input, and a model that learns."""
 
-import os
-
 import pytest
 import torch
+from lowbit_cuda import (
+    CUDA,
+    assert_same_bits,
+    call_grads,
+    needs_cuda,
+    needs_real_cuda,
+    to_device,
+)
 from torch.testing import assert_close
 
 import torchspeed
@@ -462,22 +468,6 @@ def test_encode_decode_opcheck_and_state_format():
 # check. Skipped without a GPU or a CUDA build; TORCHSPEED_CUDA_TESTS_ON_CPU=1 runs the "CUDA" side
 # on the CPU (a dry run of this code, proving nothing about the kernels).
 
-_CUDA_ON_CPU = os.environ.get("TORCHSPEED_CUDA_TESTS_ON_CPU") == "1"
-CUDA = "cpu" if _CUDA_ON_CPU else "cuda"
-
-
-def _cuda_skip_reason():
-    if _CUDA_ON_CPU:
-        return None
-    if not torch.cuda.is_available():
-        return "needs a CUDA device"
-    if not getattr(torchspeed._C, "with_cuda", False):
-        return "torchspeed built without CUDA"
-    return None
-
-
-needs_cuda = pytest.mark.skipif(_cuda_skip_reason() is not None, reason=str(_cuda_skip_reason()))
-needs_real_cuda = pytest.mark.skipif(_CUDA_ON_CPU, reason="needs a CUDA device (CPU dry run)")
 
 # name: (state_block, bf16 params with masters + mask + EMA, device scalars, op keywords)
 CUDA_VARIANTS = {
@@ -490,11 +480,6 @@ CUDA_VARIANTS = {
         dict(weight_decay=1e-2, maximize=False, decoupled=True),
     ),
 }
-
-
-def _bits(t):
-    """The bytes of t's elements (a NaN equals the same NaN, unlike torch.equal)."""
-    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
 
 
 def _lowbit_inputs(state_dtype, block, mixed, seed=0):
@@ -534,25 +519,6 @@ def _lowbit_inputs(state_dtype, block, mixed, seed=0):
     return d
 
 
-def _lowbit_grads(d, seed):
-    g = torch.Generator().manual_seed(seed)
-    grads = [torch.randn(p.shape, generator=g).to(p.dtype) * 0.1 for p in d["params"]]
-    grads[0][5] = float("inf")  # an int8 block with an infinite moment: absmax inf, codes 0
-    grads[0][70000] = float("nan")  # the last chunk's short block: NaN skipped by the absmax
-    return grads
-
-
-def _to_device(d, device):
-    """A copy of the call's tensors on `device`, with the same strides."""
-    out = {}
-    for k, ts in d.items():
-        out[k] = [
-            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).copy_(t)
-            for t in ts
-        ]
-    return out
-
-
 def _lowbit_step(d, grads, block, kw, scalars=None):
     torch.ops.torchspeed.adam_lowbit_step_(
         d["params"],
@@ -588,21 +554,15 @@ def _device_scalars(device, step):
     )
 
 
-def _assert_same_bits(cpu, dev, where):
-    for key in cpu:
-        for i, (a, b) in enumerate(zip(cpu[key], dev[key])):
-            assert torch.equal(_bits(a), _bits(b)), f"{where}: {key}[{i}] differs"
-
-
 @needs_cuda
 @pytest.mark.parametrize("variant", list(CUDA_VARIANTS))
 @pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
 def test_cuda_low_bit_step_equals_the_cpu_step_bitwise(state_dtype, variant):
     block, mixed, with_scalars, kw = CUDA_VARIANTS[variant]
     cpu = _lowbit_inputs(state_dtype, block, mixed)
-    dev = _to_device(cpu, CUDA)
+    dev = to_device(cpu, CUDA)
     for step in range(4):
-        grads = _lowbit_grads(cpu, 100 + step)
+        grads = call_grads(cpu, 100 + step)
         if with_scalars:
             grads = [(g.float() * 1024).to(g.dtype) for g in grads]
         _lowbit_step(cpu, grads, block, kw, _device_scalars("cpu", step) if with_scalars else None)
@@ -613,7 +573,7 @@ def test_cuda_low_bit_step_equals_the_cpu_step_bitwise(state_dtype, variant):
             kw,
             _device_scalars(CUDA, step) if with_scalars else None,
         )
-        _assert_same_bits(cpu, dev, f"{state_dtype} {variant} step {step}")
+        assert_same_bits(cpu, dev, f"{state_dtype} {variant} step {step}")
     # The step counts moved on the device too (and the found_inf step left them).
     assert [s.item() for s in dev["steps"]] == [s.item() for s in cpu["steps"]]
 
@@ -624,14 +584,14 @@ def test_cuda_low_bit_step_equals_the_cpu_step_bitwise(state_dtype, variant):
 def test_cuda_low_bit_step_captures_in_a_graph_and_never_syncs(state_dtype):
     kw = CUDA_VARIANTS["masters_mask_ema_scalars"][3]
     base = _lowbit_inputs(state_dtype, 256, mixed=True)
-    eager, graphed = _to_device(base, "cuda"), _to_device(base, "cuda")
+    eager, graphed = to_device(base, "cuda"), to_device(base, "cuda")
     # Inputs made before the sync check: a host -> device copy synchronises.
-    all_grads = [[g.cuda() for g in _lowbit_grads(base, 200 + s)] for s in range(3)]
+    all_grads = [[g.cuda() for g in call_grads(base, 200 + s)] for s in range(3)]
     all_scalars = [_device_scalars("cuda", s) for s in range(3)]
     static_grads = [g.clone() for g in all_grads[0]]
     static_scalars = _device_scalars("cuda", 0)
     # Warm up on a side stream (as torch.cuda.graphs asks), on a throwaway copy of the state.
-    warm = _to_device(base, "cuda")
+    warm = to_device(base, "cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -641,7 +601,7 @@ def test_cuda_low_bit_step_captures_in_a_graph_and_never_syncs(state_dtype):
     with torch.cuda.graph(graph):
         _lowbit_step(graphed, static_grads, 256, kw, static_scalars)
     # Capture ran nothing: the graphed state is still the initial one.
-    _assert_same_bits(_to_device(base, "cuda"), graphed, "after capture")
+    assert_same_bits(to_device(base, "cuda"), graphed, "after capture")
     torch.cuda.set_sync_debug_mode("error")
     try:
         for s in range(3):
@@ -654,4 +614,4 @@ def test_cuda_low_bit_step_captures_in_a_graph_and_never_syncs(state_dtype):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
-    _assert_same_bits(eager, graphed, f"{state_dtype} graph replay")
+    assert_same_bits(eager, graphed, f"{state_dtype} graph replay")

@@ -5,10 +5,17 @@ float32 where the kernel stores), codes bit-identical on every CPU ISA, the Grad
 state_dict interop, bad input, opcheck and a model that learns; on CUDA, the ops and the optimizers
 against the CPU ones bit for bit, and graph capture."""
 
-import os
-
 import pytest
 import torch
+from lowbit_cuda import (
+    CUDA,
+    assert_same_bits,
+    bits,
+    call_grads,
+    needs_cuda,
+    needs_real_cuda,
+    to_device,
+)
 from torch.testing import assert_close
 
 import torchspeed
@@ -655,22 +662,6 @@ def test_sgd_small_model_learns_as_well_as_with_fp32_state(state_dtype):
 # and the sync-free check. Skipped without a GPU or a CUDA build; TORCHSPEED_CUDA_TESTS_ON_CPU=1
 # runs the "CUDA" side on the CPU (a dry run of this code, proving nothing about the kernels).
 
-_CUDA_ON_CPU = os.environ.get("TORCHSPEED_CUDA_TESTS_ON_CPU") == "1"
-CUDA = "cpu" if _CUDA_ON_CPU else "cuda"
-
-
-def _cuda_skip_reason():
-    if _CUDA_ON_CPU:
-        return None
-    if not torch.cuda.is_available():
-        return "needs a CUDA device"
-    if not getattr(torchspeed._C, "with_cuda", False):
-        return "torchspeed built without CUDA"
-    return None
-
-
-needs_cuda = pytest.mark.skipif(_cuda_skip_reason() is not None, reason=str(_cuda_skip_reason()))
-needs_real_cuda = pytest.mark.skipif(_CUDA_ON_CPU, reason="needs a CUDA device (CPU dry run)")
 
 # name: (state_block, bf16 params with masters + mask + EMA, device scalars, op keywords)
 CUDA_VARIANTS = {
@@ -688,11 +679,6 @@ CUDA_VARIANTS = {
         dict(weight_decay=1e-2, maximize=False, dampening=0.0),
     ),
 }
-
-
-def _bits(t):
-    """The bytes of t's elements (a NaN equals the same NaN, unlike torch.equal)."""
-    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
 
 
 def _moment_inputs(state_dtype, block, mixed, seed=0):
@@ -723,25 +709,6 @@ def _moment_inputs(state_dtype, block, mixed, seed=0):
         else:
             d["params"].append(p)
     return d
-
-
-def _moment_grads(d, seed):
-    g = torch.Generator().manual_seed(seed)
-    grads = [torch.randn(p.shape, generator=g).to(p.dtype) * 0.1 for p in d["params"]]
-    grads[0][5] = float("inf")  # an int8 block with an infinite moment: absmax inf, codes 0
-    grads[0][70000] = float("nan")  # the last chunk's short block: NaN skipped by the absmax
-    return grads
-
-
-def _to_device(d, device):
-    """A copy of the call's tensors on `device`, with the same strides."""
-    out = {}
-    for k, ts in d.items():
-        out[k] = [
-            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device).copy_(t)
-            for t in ts
-        ]
-    return out
 
 
 def _moment_step(algo, d, grads, block, kw, scalars=None, first_step=False):
@@ -777,12 +744,6 @@ def _device_scalars(device, step):
     )
 
 
-def _assert_same_bits(cpu, dev, where):
-    for key in cpu:
-        for i, (a, b) in enumerate(zip(cpu[key], dev[key])):
-            assert torch.equal(_bits(a), _bits(b)), f"{where}: {key}[{i}] differs"
-
-
 @needs_cuda
 @pytest.mark.parametrize("variant", list(CUDA_VARIANTS))
 @pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
@@ -790,22 +751,22 @@ def _assert_same_bits(cpu, dev, where):
 def test_cuda_one_moment_low_bit_step_equals_the_cpu_step_bitwise(algo, state_dtype, variant):
     block, mixed, with_scalars, kw = CUDA_VARIANTS[variant]
     cpu = _moment_inputs(state_dtype, block, mixed)
-    dev = _to_device(cpu, CUDA)
+    dev = to_device(cpu, CUDA)
     for step in range(4):
-        grads = _moment_grads(cpu, 100 + step)
+        grads = call_grads(cpu, 100 + step)
         if with_scalars:
             grads = [(g.float() * 1024).to(g.dtype) for g in grads]
-        before = _to_device(dev, CUDA)
+        before = to_device(dev, CUDA)
         first = step == 0  # SGD: the buffer starts as the grad
         scalars = _device_scalars("cpu", step) if with_scalars else None
         _moment_step(algo, cpu, grads, block, kw, scalars, first)
         scalars = _device_scalars(CUDA, step) if with_scalars else None
         _moment_step(algo, dev, [g.to(CUDA) for g in grads], block, kw, scalars, first)
-        _assert_same_bits(cpu, dev, f"{algo} {state_dtype} {variant} step {step}")
+        assert_same_bits(cpu, dev, f"{algo} {state_dtype} {variant} step {step}")
         if with_scalars and step == 2:  # found_inf: nothing written, not even the steps
-            _assert_same_bits(before, dev, f"{algo} {state_dtype} {variant} skipped step")
+            assert_same_bits(before, dev, f"{algo} {state_dtype} {variant} skipped step")
         elif step == 1:  # (the check above can fail: a step does write)
-            assert not torch.equal(_bits(before["exp_avgs"][0]), _bits(dev["exp_avgs"][0]))
+            assert not torch.equal(bits(before["exp_avgs"][0]), bits(dev["exp_avgs"][0]))
     assert [s.item() for s in dev["steps"]] == [s.item() for s in cpu["steps"]]
     assert [s.item() for s in dev["steps"]] == [5.0 if with_scalars else 6.0] * 4
 
@@ -832,10 +793,10 @@ def test_cuda_one_moment_optimizer_equals_the_cpu_one_bitwise(algo, state_dtype)
         cpu_opt.step()
         dev_opt.step()
         for i, (p, q) in enumerate(zip(cpu_params, dev_params)):
-            assert torch.equal(_bits(p), _bits(q)), (algo, state_dtype, step, i)
+            assert torch.equal(bits(p), bits(q)), (algo, state_dtype, step, i)
             assert set(cpu_opt.state[p]) == set(dev_opt.state[q])
             for key, t in cpu_opt.state[p].items():
-                assert torch.equal(_bits(t), _bits(dev_opt.state[q][key])), (step, i, key)
+                assert torch.equal(bits(t), bits(dev_opt.state[q][key])), (step, i, key)
     key = "exp_avg" if algo == "lion" else "momentum_buffer"
     want = torch.bfloat16 if state_dtype == "bf16" else torch.int8
     assert dev_opt.state[dev_params[0]][key].dtype == want
@@ -848,14 +809,14 @@ def test_cuda_one_moment_optimizer_equals_the_cpu_one_bitwise(algo, state_dtype)
 def test_cuda_one_moment_low_bit_step_captures_in_a_graph_and_never_syncs(algo, state_dtype):
     kw = CUDA_VARIANTS["masters_mask_ema_scalars"][3]
     base = _moment_inputs(state_dtype, 256, mixed=True)
-    eager, graphed = _to_device(base, "cuda"), _to_device(base, "cuda")
+    eager, graphed = to_device(base, "cuda"), to_device(base, "cuda")
     # Inputs made before the sync check: a host -> device copy synchronises.
-    all_grads = [[g.cuda() for g in _moment_grads(base, 200 + s)] for s in range(3)]
+    all_grads = [[g.cuda() for g in call_grads(base, 200 + s)] for s in range(3)]
     all_scalars = [_device_scalars("cuda", s) for s in range(3)]
     static_grads = [g.clone() for g in all_grads[0]]
     static_scalars = _device_scalars("cuda", 0)
     # Warm up on a side stream (as torch.cuda.graphs asks), on a throwaway copy of the state.
-    warm = _to_device(base, "cuda")
+    warm = to_device(base, "cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -865,7 +826,7 @@ def test_cuda_one_moment_low_bit_step_captures_in_a_graph_and_never_syncs(algo, 
     with torch.cuda.graph(graph):
         _moment_step(algo, graphed, static_grads, 256, kw, static_scalars)
     # Capture ran nothing: the graphed state is still the initial one.
-    _assert_same_bits(_to_device(base, "cuda"), graphed, "after capture")
+    assert_same_bits(to_device(base, "cuda"), graphed, "after capture")
     torch.cuda.set_sync_debug_mode("error")
     try:
         for s in range(3):
@@ -878,4 +839,4 @@ def test_cuda_one_moment_low_bit_step_captures_in_a_graph_and_never_syncs(algo, 
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
-    _assert_same_bits(eager, graphed, f"{algo} {state_dtype} graph replay")
+    assert_same_bits(eager, graphed, f"{algo} {state_dtype} graph replay")
