@@ -11,9 +11,11 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "torchspeed/ops/optim.h"
+#include "torchspeed/optim/lamb.h"
 #include "torchspeed/profile/profile.h"
 
 namespace torchspeed::dist {
@@ -261,17 +263,75 @@ ZeroOptimizer::ZeroOptimizer(AccumulatingDDP& ddp, Factory make_optimizer)
     optimizers_.push_back(pieces.empty() ? nullptr
                                          : std::shared_ptr<torch::optim::Optimizer>(
                                                make_optimizer(pieces).release()));
+    lamb_ = lamb_ || dynamic_cast<optim::LAMB*>(optimizers_.back().get()) != nullptr;
+  }
+  // Every rank takes the same path (one all-reduce per LAMB step): a rank that owns no piece
+  // has no optimizer to ask, so the kinds are compared across ranks.
+  if (ddp_->world_size() > 1) {
+    at::Tensor flag = at::full({1}, lamb_ ? 1.0 : 0.0, at::TensorOptions().dtype(at::kDouble));
+    const auto buckets = ddp_->buckets();
+    if (!buckets.empty()) flag = flag.to(buckets[0].device());
+    std::vector<at::Tensor> tensors{flag};
+    ddp_->process_group()->allreduce(tensors)->wait();
+    lamb_ = flag.item<double>() > 0;
+  }
+  for (const auto& opt : optimizers_) {
+    TORCH_CHECK_VALUE(!lamb_ || !opt || dynamic_cast<optim::LAMB*>(opt.get()) != nullptr, kName,
+                      ": make_optimizer must make one kind of optimizer for every bucket, got "
+                      "torchspeed::optim::LAMB for some and another kind for others");
   }
 }
 
 bool ZeroOptimizer::step(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
   if (!shards_->begin_step(grad_scale, found_inf)) return false;
-  for (int64_t b = 0; b < shards_->num_buckets(); ++b) {
-    if (optimizers_[b]) optimizers_[b]->step();
-    shards_->launch_gather(b);  // runs while the next bucket's shard is stepped
+  if (lamb_) {
+    lamb_step();
+  } else {
+    for (int64_t b = 0; b < shards_->num_buckets(); ++b) {
+      if (optimizers_[b]) optimizers_[b]->step();
+      shards_->launch_gather(b);  // runs while the next bucket's shard is stepped
+    }
   }
   shards_->finish_step();
   return true;
+}
+
+// LAMB's trust ratio needs each whole param's norms: phase 1 on every bucket (moments, each
+// piece's ||p||^2 and ||u||^2), one all-reduce of those rows summed per param slot (on every rank,
+// also one that owns nothing), then phase 2 (the update) and the gather, bucket by bucket. As
+// Python's ZeroOptimizer._lamb_step.
+void ZeroOptimizer::lamb_step() {
+  const ZeroShards& z = *shards_;
+  const auto buckets = ddp_->buckets();
+  const at::Device device = buckets.empty() ? at::Device(at::kCPU) : buckets[0].device();
+  at::Tensor total = at::zeros({static_cast<int64_t>(ddp_->slot_params().size()), 2},
+                               at::TensorOptions().dtype(at::kDouble).device(device));
+  std::vector<std::pair<std::vector<at::Tensor>, at::Tensor>> phase1(z.num_buckets());
+  for (int64_t b = 0; b < z.num_buckets(); ++b) {
+    auto* lamb = dynamic_cast<optim::LAMB*>(optimizers_[b].get());
+    if (lamb == nullptr) continue;
+    auto [params, norms] = lamb->sharded_step_phase1();
+    std::unordered_map<const c10::TensorImpl*, int64_t> slot_of;
+    for (size_t k = 0; k < z.pieces(b).size(); ++k) {
+      slot_of[z.pieces(b)[k].unsafeGetTensorImpl()] = z.layout(b)[k].slot;
+    }
+    std::vector<int64_t> slots;
+    for (const auto& p : params) slots.push_back(slot_of.at(p.unsafeGetTensorImpl()));
+    at::Tensor index = at::tensor(slots, at::kLong).to(device);
+    total.index_add_(0, index, norms.to(device));
+    phase1[b] = {std::move(params), std::move(index)};
+  }
+  if (ddp_->world_size() > 1) {
+    std::vector<at::Tensor> tensors{total};
+    ddp_->process_group()->allreduce(tensors)->wait();
+  }
+  for (int64_t b = 0; b < z.num_buckets(); ++b) {
+    auto* lamb = dynamic_cast<optim::LAMB*>(optimizers_[b].get());
+    if (lamb != nullptr && !phase1[b].first.empty()) {
+      lamb->sharded_step_phase2(phase1[b].first, total.index_select(0, phase1[b].second));
+    }
+    shards_->launch_gather(b);
+  }
 }
 
 void ZeroOptimizer::zero_grad() { ddp_->zero_grad(); }

@@ -133,6 +133,8 @@ FusedStep fused_step(const LambStepArgs& a) {
   s.steps = a.steps;
   set_betas(s.hyper, a.beta1, a.beta2);
   s.hyper.eps = static_cast<float>(a.eps);
+  s.lamb_phase = a.phase;
+  s.lamb_norms = &a.norms;
   return s;
 }
 

@@ -26,6 +26,10 @@ struct FusedStep {
   const OptTensor* found_inf;
   const OptTensor* clip_coef;
   kernels::OptimHyper hyper;
+  // LAMB's phases (lamb_step_): 0 the whole step; 1 the moments and each tensor's squared norms
+  // into lamb_norms (float64 [n, 2]); 2 the update with the norms lamb_norms holds.
+  int64_t lamb_phase = 0;
+  const OptTensor* lamb_norms = nullptr;
 
   /// True when two tensors the step writes share memory (see writes_overlap in optim_checks.h):
   /// the drivers then step the params one after the other, in list order, as torch.optim does.

@@ -118,12 +118,16 @@ TORCH_LIBRARY_FRAGMENT(torchspeed, m) {
       "Tensor? found_inf=None, Tensor? clip_coef=None, float ema_decay=0.0) -> ()");
   // LAMB (You et al. 2020) with bias correction: u = m_hat / (sqrt(v_hat) + eps) + wd * p,
   // trust = ||p|| / ||u|| per tensor (1 when either is 0), p -= lr * trust * u.
+  // phase 0 does the whole step. A param cut into pieces (ZeRO-1's shards) needs the norms of the
+  // whole param: phase 1 counts the steps, updates the moments and writes each piece's ||p||^2
+  // and ||u||^2 into norms (float64 [n, 2]); the caller sums the rows of each param's pieces
+  // (across ranks); phase 2 applies the update with those sums.
   m.def(
       "lamb_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
       "Tensor(c!)[] exp_avg_sqs, Tensor(e!)[] masters, Tensor(f!)[] steps, Tensor[] masks, "
       "Tensor(g!)[] emas, *, float lr, float beta1, float beta2, float eps, float weight_decay, "
       "bool maximize, Tensor? lr_tensor=None, Tensor? grad_scale=None, Tensor? found_inf=None, "
-      "Tensor? clip_coef=None, float ema_decay=0.0) -> ()");
+      "Tensor? clip_coef=None, float ema_decay=0.0, Tensor(h!)? norms=None, int phase=0) -> ()");
 }
 
 namespace torchspeed {

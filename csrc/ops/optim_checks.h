@@ -432,6 +432,23 @@ inline void validate(const LambStepArgs& a) {
   check_step_scalars(op, a, device);
   check_steps(op, a.steps, a.params.size(), device);
   check_masks(op, a.params, a.masks);
+  TORCH_CHECK(a.phase >= 0 && a.phase <= 2, "torchspeed.", op,
+              ": phase must be 0 (the whole step), 1 (moments and norms) or 2 (the update), got ",
+              a.phase);
+  const int64_t n = static_cast<int64_t>(a.params.size());
+  if (a.phase == 0) {
+    TORCH_CHECK(!a.norms.has_value(), "torchspeed.", op,
+                ": norms must be None with phase 0 (the step computes them), got a tensor");
+    return;
+  }
+  const at::Tensor* t = a.norms.has_value() ? &*a.norms : nullptr;
+  TORCH_CHECK(t != nullptr && t->scalar_type() == at::kDouble && t->dim() == 2 && t->size(0) == n &&
+                  t->size(1) == 2 && t->is_contiguous() && t->device() == device,
+              "torchspeed.", op, ": norms must be a contiguous float64 [", n, ", 2] tensor on ",
+              device, " with phase ", a.phase, " (per param: ||p||^2, ||u||^2), got ",
+              t == nullptr ? std::string("None")
+                           : c10::str(t->scalar_type(), " ", t->sizes(), " on ", t->device(),
+                                      t->is_contiguous() ? "" : " (not contiguous)"));
 }
 
 }  // namespace torchspeed::ops

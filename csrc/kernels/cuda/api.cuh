@@ -66,10 +66,12 @@ struct DeviceScalars {
 /// (exp_avg_lp, Adam's exp_avg_sq_lp and, for int8, the absmaxes; sr_index 0) instead of exp_avg /
 /// exp_avg_sq: bf16 rounded stochastically with the CPU's hash, int8 one quantization block per
 /// group of threads, Lion's and SGD's codes rounded stochastically (optim_lowbit.cu); the same bits
-/// as the CPU kernels. LAMB has no low-bit step (cudaErrorInvalidValue).
+/// as the CPU kernels. LAMB has no low-bit step (cudaErrorInvalidValue). `lamb_phase` 1 runs
+/// LAMB's phase 1 only (steps counted, moments updated, the sums left in lamb_workspace), 2 its
+/// phase 2 only (steps not counted again; the sums read from lamb_workspace), 0 both.
 cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count,
                        const OptimHyper& hyper, const DeviceScalars& scalars,
-                       double* lamb_workspace, cudaStream_t stream);
+                       double* lamb_workspace, cudaStream_t stream, int lamb_phase = 0);
 
 namespace detail {
 /// optim_step's update for Adam, Lion or SGD with low-bit moments (optim_lowbit.cu), once the

@@ -291,7 +291,7 @@ cudaError_t run_all(Kernel kernel, const OptimTensor* tensors, int64_t count,
 
 cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count,
                        const OptimHyper& hyper, const DeviceScalars& scalars,
-                       double* lamb_workspace, cudaStream_t stream) {
+                       double* lamb_workspace, cudaStream_t stream, int lamb_phase) {
   for (int64_t i = 0; i < count; ++i) {
     const OptimTensor& t = tensors[i];
     if (!(t.param_dtype == DType::kFloat || t.param_dtype == DType::kBFloat16 ||
@@ -303,7 +303,12 @@ cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count
   }
   const bool lowbit = hyper.state_format != StateFormat::kFloat;
   if (lowbit && algo == OptimAlgo::kLamb) return cudaErrorInvalidValue;
-  cudaError_t err = launch_step_increment(tensors, count, scalars.found_inf, stream);
+  if (lamb_phase != 0 && (algo != OptimAlgo::kLamb || lamb_phase < 0 || lamb_phase > 2)) {
+    return cudaErrorInvalidValue;
+  }
+  cudaError_t err = lamb_phase == 2
+                        ? cudaSuccess
+                        : launch_step_increment(tensors, count, scalars.found_inf, stream);
   if (err != cudaSuccess) return err;
   if (lowbit) return detail::lowbit_update(algo, tensors, count, hyper, scalars, stream);
   const OptimParams prm{hyper, scalars, lamb_workspace};
@@ -316,10 +321,14 @@ cudaError_t optim_step(OptimAlgo algo, const OptimTensor* tensors, int64_t count
       return run_all(Kernel::kLion, tensors, count, prm, stream);
     case OptimAlgo::kLamb:
       if (lamb_workspace == nullptr) return cudaErrorInvalidValue;
-      err = cudaMemsetAsync(lamb_workspace, 0, sizeof(double) * 2 * static_cast<size_t>(count),
-                            stream);
-      if (err == cudaSuccess) err = run_all(Kernel::kLambPhase1, tensors, count, prm, stream);
-      if (err == cudaSuccess) err = run_all(Kernel::kLambPhase2, tensors, count, prm, stream);
+      if (lamb_phase != 2) {
+        err = cudaMemsetAsync(lamb_workspace, 0, sizeof(double) * 2 * static_cast<size_t>(count),
+                              stream);
+        if (err == cudaSuccess) err = run_all(Kernel::kLambPhase1, tensors, count, prm, stream);
+      }
+      if (err == cudaSuccess && lamb_phase != 1) {
+        err = run_all(Kernel::kLambPhase2, tensors, count, prm, stream);
+      }
       return err;
   }
   return cudaErrorInvalidValue;

@@ -43,14 +43,21 @@ OptimFn kernel_for(const kernels::cpu::OptimKernels& k, OptimAlgo algo) {
 
 void run_fused_step(const FusedStep& a) {
   if (a.writes_overlap()) {
+    TORCH_CHECK(a.lamb_phase == 0, "torchspeed.", a.op,
+                ": params must not share memory with phase ", a.lamb_phase,
+                " (each param has its own row of norms)");
     // One param at a time, in list order. SGD's first_step holds for every occurrence of a param
     // listed twice: torch.optim.SGD also reads all buffers before updating.
     for (size_t i = 0; i < a.params.size(); ++i) run_fused_step(a.element(i));
     return;
   }
   const auto& table = *rethrow_as_torch_error(a.op, [] { return &kernels::cpu::cpu_kernels(); });
-  // AMP: a step whose grads hold inf/NaN changes nothing, not even the step counts.
-  if (read_scalar(a.found_inf, 0.f) != 0.f) return;
+  // AMP: a step whose grads hold inf/NaN changes nothing, not even the step counts (LAMB's phase
+  // 1 writes zero norms, so its caller's sums stay finite).
+  if (read_scalar(a.found_inf, 0.f) != 0.f) {
+    if (a.lamb_phase == 1) (*a.lamb_norms)->zero_();
+    return;
+  }
 
   const double lr = a.lr_tensor->has_value() ? (*a.lr_tensor)->item<double>() : a.hyper.lr;
   const float scale = read_scalar(a.grad_scale, 1.f);
@@ -65,7 +72,7 @@ void run_fused_step(const FusedStep& a) {
       // Validated one-element float32 CPU tensors: updated through the pointer, as torch's
       // `step += 1` does in float32, without two dispatcher calls per param.
       float* step_ptr = a.steps[i].data_ptr<float>();
-      step = (*step_ptr += 1.f);
+      step = a.lamb_phase == 2 ? *step_ptr : (*step_ptr += 1.f);  // phase 1 counted it
     }
     scalars[i] = kernels::step_scalars(a.hyper, lr, scale, clip, !a.steps.empty(), step);
     salts[i] = kernels::lowbit_step_salt(step, static_cast<int64_t>(i));  // as the CUDA kernel
@@ -85,16 +92,32 @@ void run_fused_step(const FusedStep& a) {
     return;
   }
   // LAMB: phase 1 updates the moments and returns ||p||^2 and ||u||^2 per chunk; the per-tensor
-  // trust ratio then scales phase 2.
-  std::vector<double> p_sq(chunks.size()), u_sq(chunks.size());
-  parallel_over_chunks(chunks, [&](const Chunk& c, size_t k) {
-    fn(a.tensor(c.tensor, grads[c.tensor], c.begin, c.length), a.hyper, scalars[c.tensor], &p_sq[k],
-       &u_sq[k]);
-  });
+  // trust ratio then scales phase 2. Split into two calls (a.lamb_phase 1 and 2), the sums go
+  // out through lamb_norms and come back summed over each param's pieces.
   std::vector<double> p_norm(n, 0.0), u_norm(n, 0.0);
-  for (size_t k = 0; k < chunks.size(); ++k) {
-    p_norm[chunks[k].tensor] += p_sq[k];
-    u_norm[chunks[k].tensor] += u_sq[k];
+  double* norms = a.lamb_phase == 0 ? nullptr : (*a.lamb_norms)->data_ptr<double>();
+  if (a.lamb_phase != 2) {
+    std::vector<double> p_sq(chunks.size()), u_sq(chunks.size());
+    parallel_over_chunks(chunks, [&](const Chunk& c, size_t k) {
+      fn(a.tensor(c.tensor, grads[c.tensor], c.begin, c.length), a.hyper, scalars[c.tensor],
+         &p_sq[k], &u_sq[k]);
+    });
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      p_norm[chunks[k].tensor] += p_sq[k];
+      u_norm[chunks[k].tensor] += u_sq[k];
+    }
+    if (a.lamb_phase == 1) {
+      for (size_t i = 0; i < n; ++i) {
+        norms[2 * i] = p_norm[i];
+        norms[2 * i + 1] = u_norm[i];
+      }
+      return;
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      p_norm[i] = norms[2 * i];
+      u_norm[i] = norms[2 * i + 1];
+    }
   }
   for (size_t i = 0; i < n; ++i) {
     const float step = a.steps[i].data_ptr<float>()[0];

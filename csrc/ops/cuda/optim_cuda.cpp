@@ -25,6 +25,9 @@ void run_fused_step(const FusedStep& a) {
   TORCH_CHECK(device.is_cuda(), "torchspeed.", a.op, ": params must be on a CUDA device, got ",
               device);
   if (a.writes_overlap()) {
+    TORCH_CHECK(a.lamb_phase == 0, "torchspeed.", a.op,
+                ": params must not share memory with phase ", a.lamb_phase,
+                " (each param has its own row of norms)");
     // One param at a time, in list order (see the CPU driver).
     for (size_t i = 0; i < a.params.size(); ++i) run_fused_step(a.element(i));
     return;
@@ -48,15 +51,17 @@ void run_fused_step(const FusedStep& a) {
   // Whole tensors: the low-bit moments' pointers (exp_avg_lp, ..., absmaxes) with sr_index 0; the
   // kernels take each param's position in the list for the bf16 rounding's salt, as the CPU does.
   for (size_t i = 0; i < n; ++i) list[i] = a.tensor(i, grads[i], 0, a.params[i].numel());
-  at::Tensor lamb_workspace;
+  at::Tensor lamb_workspace;  // phases 1 and 2: the caller's norms ([n, 2] float64, validated)
   if (a.algo == kernels::OptimAlgo::kLamb) {
-    lamb_workspace = at::empty({static_cast<int64_t>(2 * n)},
-                               at::TensorOptions().dtype(at::kDouble).device(device));
+    lamb_workspace = a.lamb_phase != 0
+                         ? **a.lamb_norms
+                         : at::empty({static_cast<int64_t>(2 * n)},
+                                     at::TensorOptions().dtype(at::kDouble).device(device));
   }
-  const cudaError_t err =
-      kc::optim_step(a.algo, list.data(), static_cast<int64_t>(n), a.hyper, scalars,
-                     lamb_workspace.defined() ? lamb_workspace.data_ptr<double>() : nullptr,
-                     c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  const cudaError_t err = kc::optim_step(
+      a.algo, list.data(), static_cast<int64_t>(n), a.hyper, scalars,
+      lamb_workspace.defined() ? lamb_workspace.data_ptr<double>() : nullptr,
+      c10::cuda::getCurrentCUDAStream(device.index()).stream(), static_cast<int>(a.lamb_phase));
   TORCH_CHECK(err == cudaSuccess, "torchspeed.", a.op,
               ": CUDA kernel launch failed: ", cudaGetErrorString(err));
 }

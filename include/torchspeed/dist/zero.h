@@ -134,6 +134,9 @@ class TORCHSPEED_API ZeroOptimizer {
  public:
   using Factory =
       std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> pieces)>;
+  /// Collective: every rank builds it (one small all-reduce agrees on whether the optimizers are
+  /// torchspeed::optim::LAMB, whose per-param trust ratio takes a two-phase step around an
+  /// all-reduce of the pieces' norms; every bucket's optimizer must then be LAMB).
   ZeroOptimizer(AccumulatingDDP& ddp, Factory make_optimizer);
 
   /// An Opt(pieces, options) per bucket, e.g. make<torchspeed::optim::AdamW>(ddp, AdamWOptions()).
@@ -173,9 +176,12 @@ class TORCHSPEED_API ZeroOptimizer {
   const ZeroShards& shards() const { return *shards_; }
 
  private:
+  void lamb_step();
+
   AccumulatingDDP* ddp_;
   std::shared_ptr<ZeroShards> shards_;
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
+  bool lamb_ = false;  // torchspeed::optim::LAMB: a two-phase step around the norms' all-reduce
 };
 
 }  // namespace torchspeed::dist

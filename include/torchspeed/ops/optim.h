@@ -202,7 +202,9 @@ TORCHSPEED_OP_ARGS(LionLowbitStepArgs, "lion_lowbit_step_", void, TORCHSPEED_LIO
   X(double, eps, 1e-6)               \
   X(double, weight_decay, 0.0)       \
   X(bool, maximize, false)           \
-  TORCHSPEED_STEP_TAIL_ARGS(X)
+  TORCHSPEED_STEP_TAIL_ARGS(X)       \
+  X(OptTensor, norms, std::nullopt)  \
+  X(int64_t, phase, 0)
 TORCHSPEED_OP_ARGS(LambStepArgs, "lamb_step_", void, TORCHSPEED_LAMB_STEP_ARGS);
 
 // ---- entry points (csrc/ops/optim.cpp) ----------------------------------------------------------

@@ -40,6 +40,19 @@ struct TORCHSPEED_API LAMBParamState
 /// LAMB with one fused kernel per param group (the trust ratio per tensor, in the same call).
 class TORCHSPEED_API LAMB : public FusedOptimizer {
   TORCHSPEED_FUSED_OPTIMIZER_BODY(LAMB, LAMBOptions, = {})
+
+ public:
+  /// Half of a step over params that are pieces of larger ones (torchspeed::dist::ZeroOptimizer,
+  /// where a param's trust ratio needs the norms of all of its pieces, on every rank). Phase 1
+  /// counts the steps, updates the moments and returns the params that had a grad with float64
+  /// [n, 2] rows of their ||p||^2 and ||u||^2 (on their device). The caller sums the rows of each
+  /// whole param's pieces; phase 2 applies the update with those sums (`norms` row i for
+  /// `params[i]`, the params phase 1 returned). Nothing may change the params, grads or state in
+  /// between. Python: LAMB._sharded_step.
+  std::pair<std::vector<torch::Tensor>, torch::Tensor> sharded_step_phase1(
+      const GradScaling& scaling = {});
+  void sharded_step_phase2(const std::vector<torch::Tensor>& params, const torch::Tensor& norms,
+                           const GradScaling& scaling = {});
 };
 
 }  // namespace torchspeed::optim

@@ -59,11 +59,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
             )
         if getattr(ddp, "zero", 0) != 1:
             raise ValueError(f"{_NAME}: the AccumulatingDDP must be built with zero=1")
-        if optimizer_class.__name__ == "LAMB":
-            raise ValueError(
-                f"{_NAME}: optimizer_class LAMB needs per-parameter norms, which a flat shard "
-                "does not have; use AdamW, Adam, SGD or Lion"
-            )
         self._ddp = ddp
         self._world = ddp.world_size
         self._rank = ddp.rank
@@ -103,6 +98,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         )
         self.param_groups = [opt.param_groups[0] for opt in self._inner]
         self._optimizer_class = optimizer_class
+        # LAMB's trust ratio needs each whole param's norms: its step runs in two phases around
+        # one small all-reduce of every piece's ||p||^2 and ||u||^2, summed per param.
+        from ..optim import LAMB
+
+        self._lamb = issubclass(optimizer_class, LAMB)
         # The reducer's choice for this backend (Gloo: all-reduce; NCCL: the real collectives).
         self._collectives = self._core.collectives
 
@@ -128,14 +128,40 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if flag is not None:
             self._flag_param.grad = None  # the flag is no gradient to step
         try:
-            for b, opt in enumerate(self._inner):
-                opt.step()
-                self._core.launch_gather(b)
+            if self._lamb:
+                self._lamb_step()
+            else:
+                for b, opt in enumerate(self._inner):
+                    opt.step()
+                    self._core.launch_gather(b)
             self._core.finish_step()
         finally:
             if flag is not None:
                 self._flag_param.grad = flag
         return None
+
+    def _lamb_step(self) -> None:
+        """LAMB over pieces: phase 1 on every bucket (moments, each piece's squared norms), the
+        norms summed per param over its pieces on every rank (one all-reduce of [params, 2]
+        float64, on every rank, also where a rank owns nothing), then phase 2 (the update with the
+        whole param's trust ratio) and the all-gather, bucket by bucket."""
+        device = self._buckets[0].device
+        total = torch.zeros(len(self._shapes), 2, dtype=torch.float64, device=device)
+        phase1 = []
+        for b, opt in enumerate(self._inner):
+            params, norms = opt._sharded_step(1)
+            # The inner optimizer's param i is piece i.
+            pieces = opt.param_groups[0]["params"]
+            slot_of = {id(t): piece[0] for t, piece in zip(pieces, self._pieces[b])}
+            slots = torch.tensor([slot_of[id(p)] for p in params], dtype=torch.long)
+            total.index_add_(0, slots.to(device), norms.to(device))
+            phase1.append((params, slots))
+        if self._world > 1:
+            torch.distributed.all_reduce(total, group=self._ddp.process_group)
+        for b, (opt, (params, slots)) in enumerate(zip(self._inner, phase1)):
+            if params:
+                opt._sharded_step(2, params, total[slots.to(device)])
+            self._core.launch_gather(b)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The module's gradients (the buckets), as AccumulatingDDP.zero_grad. The shards keep

@@ -21,6 +21,7 @@
 #include "torchspeed/dist/zero.h"
 #include "torchspeed/ops/optim.h"
 #include "torchspeed/optim/adam.h"
+#include "torchspeed/optim/lamb.h"
 
 namespace tsd = torchspeed::dist;
 
@@ -43,7 +44,11 @@ constexpr int64_t kBlock = 8;
 // The optimizer under test, over any params: torchspeed's fused AdamW (int8: with int8 moments)
 // or torch's.
 std::unique_ptr<torch::optim::Optimizer> make_opt(bool fused, std::vector<torch::Tensor> params,
-                                                  bool int8 = false) {
+                                                  bool int8 = false, bool lamb = false) {
+  if (lamb) {
+    return std::make_unique<torchspeed::optim::LAMB>(
+        std::move(params), torchspeed::optim::LAMBOptions(1e-2).weight_decay(0.1));
+  }
   if (fused) {
     auto options = torchspeed::optim::AdamWOptions(1e-2).weight_decay(0.1);
     if (int8) options.state_dtype("int8").state_block(kBlock).min_lowbit_numel(kBlock);
@@ -64,7 +69,7 @@ struct RankResult {
 };
 
 RankResult run_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, bool fused,
-                    torch::Dtype dtype) {
+                    torch::Dtype dtype, bool lamb) {
   RankResult out;
   try {
     auto group = tsd::new_gloo_group(store, rank, kWorld, std::chrono::seconds(60));
@@ -75,8 +80,8 @@ RankResult run_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, bool
                                  .bucket_cap_mb(0.0015)
                                  .first_bucket_cap_mb(0.0005)
                                  .zero(1));
-    tsd::ZeroOptimizer opt(ddp, [fused](std::vector<torch::Tensor> pieces) {
-      return make_opt(fused, std::move(pieces));
+    tsd::ZeroOptimizer opt(ddp, [fused, lamb](std::vector<torch::Tensor> pieces) {
+      return make_opt(fused, std::move(pieces), false, lamb);
     });
     for (int step = 0; step < kSteps; ++step) {
       for (int j = 0; j < kMicro; ++j) {
@@ -108,9 +113,9 @@ RankResult run_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, bool
   return out;
 }
 
-std::vector<torch::Tensor> reference(bool fused, torch::Dtype dtype) {
+std::vector<torch::Tensor> reference(bool fused, torch::Dtype dtype, bool lamb) {
   auto net = make_net(dtype);
-  auto opt = make_opt(fused, net->parameters());
+  auto opt = make_opt(fused, net->parameters(), false, lamb);
   for (int step = 0; step < kSteps; ++step) {
     for (int r = 0; r < kWorld; ++r) {
       for (int j = 0; j < kMicro; ++j) {
@@ -126,18 +131,19 @@ std::vector<torch::Tensor> reference(bool fused, torch::Dtype dtype) {
   return out;
 }
 
-void check_against_reference(bool fused, torch::Dtype dtype, const char* collectives, double rtol) {
+void check_against_reference(bool fused, torch::Dtype dtype, const char* collectives, double rtol,
+                             bool lamb = false) {
   setenv("GLOO_SOCKET_IFNAME", "lo", 0);
   setenv("TORCHSPEED_ZERO_COLLECTIVES", collectives, 1);
   auto store = c10::make_intrusive<c10d::HashStore>();
   RankResult results[kWorld];
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorld; ++r) {
-    threads.emplace_back([&, r] { results[r] = run_rank(r, store, fused, dtype); });
+    threads.emplace_back([&, r] { results[r] = run_rank(r, store, fused, dtype, lamb); });
   }
   for (auto& t : threads) t.join();
   unsetenv("TORCHSPEED_ZERO_COLLECTIVES");
-  const auto ref = reference(fused, dtype);
+  const auto ref = reference(fused, dtype, lamb);
   int64_t pieces_total = 0;
   for (int r = 0; r < kWorld; ++r) {
     INFO("rank " << r << " (" << collectives << "): " << results[r].error);
@@ -166,6 +172,12 @@ void check_against_reference(bool fused, torch::Dtype dtype, const char* collect
 TEST_CASE("ZeroOptimizer (C++) with torchspeed's fused AdamW equals the unsharded step") {
   check_against_reference(/*fused=*/true, torch::kFloat32, "all_reduce", 1e-5);
   check_against_reference(/*fused=*/true, torch::kFloat32, "native", 1e-5);
+}
+
+TEST_CASE("ZeroOptimizer (C++) with torchspeed's LAMB equals the unsharded step") {
+  // Each param's trust ratio from the norms of all of its pieces (summed across the ranks).
+  check_against_reference(/*fused=*/true, torch::kFloat32, "all_reduce", 1e-5, /*lamb=*/true);
+  check_against_reference(/*fused=*/true, torch::kFloat32, "native", 1e-5, /*lamb=*/true);
 }
 
 TEST_CASE("ZeroOptimizer (C++) with torch::optim::AdamW in float64 equals the unsharded step") {

@@ -208,6 +208,8 @@ ZERO_CASES = {
     "z_f64_sgd": dict(case="plain", dtype=F64_, opt_name="sgd", k=3, steps=3),
     "z_f64_adamw_clip": dict(case="plain", dtype=F64_, opt_name="adamw", k=2, steps=3, clip=0.05),
     "z_f32_ts_adamw": dict(case="plain", dtype=F32_, opt_name="ts_adamw", k=2, steps=3),
+    # LAMB's trust ratio over each whole param, its pieces on several ranks (the norms summed).
+    "z_f32_ts_lamb": dict(case="plain", dtype=F32_, opt_name="ts_lamb", k=2, steps=3),
     "z_f64_scaler_inf": dict(
         case="plain", dtype=F64_, opt_name="adamw", k=2, steps=3, scaler=True, inf_at=1
     ),
@@ -224,7 +226,7 @@ ZERO_CASES = {
         case="never_side", dtype=F64_, opt_name="adamw", k=2, steps=3, find_unused=True
     ),
 }
-ZERO4 = ("z_f64_sgd", "z_f64_adamw_clip", "z_f64_unused_adamw")
+ZERO4 = ("z_f64_sgd", "z_f64_adamw_clip", "z_f64_unused_adamw", "z_f32_ts_lamb")
 # ZeRO-1 on 4 ranks with Tiny, where rank 3 owns no element of the one bucket ("one") or ranks 1-3
 # none of the bias bucket ("split"); infs on the empty rank's data and on a non-empty rank's.
 ONE_BUCKET = dict(bucket_cap_mb=25.0, first_bucket_cap_mb=25.0)
@@ -300,6 +302,7 @@ def optimizer_spec(name):
         "adamw": (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
         "ts_adamw": (torchspeed.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
         "ts_sgd": (torchspeed.optim.SGD, dict(lr=0.1, momentum=0.9)),
+        "ts_lamb": (torchspeed.optim.LAMB, dict(lr=1e-2, weight_decay=0.1)),
         "ts_lion": (torchspeed.optim.Lion, dict(lr=1e-3, weight_decay=0.1)),
         "ts_adamw_bf16": (torchspeed.optim.AdamW, dict(lr=1e-2, weight_decay=0.1, **LOWBIT_BF16)),
         "ts_adamw_int8": (torchspeed.optim.AdamW, dict(lr=1e-2, weight_decay=0.1, **LOWBIT_INT8)),
