@@ -26,7 +26,9 @@ _P = _C.profile
 #: Steps whose module forwards are timed, counted from the end of step FIRST_SAMPLED_STEP (the
 #: first steps allocate and warm caches), then the step torch.profiler records the operators of.
 FIRST_SAMPLED_STEP = 1
-MODULE_STEPS = 2
+#: Each module's time is the median over these steps (a step that another process preempted, on a
+#: loaded machine, would stretch a mean).
+MODULE_STEPS = 3
 #: Rows printed per table.
 TOP = 5
 #: Elementwise (pointwise) aten ops, trailing "_" stripped: each reads and writes its tensors once
@@ -111,7 +113,7 @@ class Attribution:
 
     def format(self) -> str:
         lines = [
-            f"where the forward time goes (each module's own time, % of the forward; "
+            f"where the forward time goes (each module's own time, % of the forward; median of "
             f"{MODULE_STEPS} sampled steps):"
         ]
         if not self.modules:
@@ -156,6 +158,12 @@ def describe_module(m: Any) -> str:
     except Exception:  # noqa: BLE001 (a description is best effort)
         pass
     return t
+
+
+def _median(values: List[float]) -> float:
+    v = sorted(values)
+    m = len(v) // 2
+    return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
 
 
 def is_pointwise(name: str) -> bool:
@@ -229,8 +237,14 @@ class ModuleSampler:
         self.module_steps = module_steps
         self.active = False
         self._stack: List[List[Any]] = []  # [module id, t0, children ns]
-        self._times: Dict[int, List[float]] = {}  # id -> [self ns, total ns, calls]
+        self._times: Dict[int, List[float]] = {}  # id -> [self ns, total ns, calls], this step
+        self._step_times: List[Dict[int, List[float]]] = []  # per sampled step
         self._refs: Dict[int, Any] = {}
+        # Taken when a module is first seen, so the report names it even when the script has
+        # dropped the model before the report is written (runpy frees the script's globals when
+        # it ends): id -> qualified name in its top module, id -> (type, description).
+        self._names: Dict[int, str] = {}
+        self._kinds: Dict[int, Tuple[str, str]] = {}
         self._t_start = 0
         self.sampled_ns = 0
         self.sampled_steps = 0
@@ -252,6 +266,16 @@ class ModuleSampler:
                     self._refs[id(module)] = weakref.ref(module)
                 except TypeError:
                     self._refs[id(module)] = lambda: None
+                self._kinds[id(module)] = (type(module).__name__, describe_module(module))
+                if len(self._stack) == 1:  # a top module: its submodules' names, once
+                    self._remember_names(module)
+
+    def _remember_names(self, root: Any) -> None:
+        try:
+            for qual, mod in root.named_modules():
+                self._names.setdefault(id(mod), qual or type(root).__name__)
+        except Exception:  # noqa: BLE001 (names are best effort)
+            pass
 
     def exit(self, module: Any) -> None:
         if not self.active or not self._stack or self._stack[-1][0] != id(module):
@@ -282,6 +306,8 @@ class ModuleSampler:
         if self.active:
             self.sampled_ns += now - self._t_start
             self.sampled_steps += 1
+            self._step_times.append(self._times)
+        self._times = {}
         if self._torch_prof is not None:
             self.op_step_ns = now - self._op_t0
             self._stop_ops()
@@ -354,20 +380,34 @@ class ModuleSampler:
                 pass
         n = max(self.sampled_steps, 1)
         step_ns = max(self.sampled_ns / n, 1.0)
-        forward_ns = max(sum(rec[0] for rec in self._times.values()), 1.0)
+        # Per module the median over the sampled steps (0 in a step it did not run in); a run
+        # that ended inside the first sampled step has that step's partial times.
+        steps = self._step_times or ([self._times] if self._times else [])
+        keys = {k: None for st in steps for k in st}
+        times = {}
+        for key in keys:
+            rows = [st.get(key, (0.0, 0.0, 0.0)) for st in steps]
+            times[key] = (
+                _median([r[0] for r in rows]),
+                _median([r[1] for r in rows]),
+                sum(r[2] for r in rows) / max(len(rows), 1),
+            )
+        forward_ns = max(sum(rec[0] for rec in times.values()), 1.0)
         mods = []
-        for key, (self_ns, total_ns, calls) in self._times.items():
+        for key, (self_ns, total_ns, calls) in times.items():
             m = self._refs.get(key, lambda: None)()
-            t = type(m).__name__ if m is not None else "?"
+            t, described = self._kinds.get(key, ("?", ""))
+            if m is not None:
+                t, described = type(m).__name__, describe_module(m)
             mods.append(
                 ModuleTime(
-                    names.get(key, t),
+                    names.get(key, self._names.get(key, t)),
                     t,
-                    self_ns / n / 1e9,
-                    total_ns / n / 1e9,
+                    self_ns / 1e9,
+                    total_ns / 1e9,
                     self_ns / forward_ns,
-                    calls / n,
-                    describe_module(m) if m is not None else "",
+                    calls,
+                    described,
                 )
             )
         mods.sort(key=lambda m: -m.self_s)

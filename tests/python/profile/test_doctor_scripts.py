@@ -198,6 +198,45 @@ def test_the_oversized_linear_is_named_the_dominant_layer(tmp_path, monkeypatch,
         assert layer and layer[0].title.startswith("big (Linear(32 -> 4096)) is "), findings
 
 
+def test_layers_are_named_when_the_script_drops_its_model_before_the_report(
+    tmp_path, monkeypatch
+):
+    """The model is a local of main(), gone when the script ends and the report is written
+    (found by a new user: every row read "? (?)"): names and descriptions are taken when the
+    modules are first seen."""
+    script = tmp_path / "local_model.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch import nn
+            def main():
+                torch.manual_seed(0)
+                torch.set_num_threads(1)
+                model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4096))
+                opt = torch.optim.SGD(model.parameters(), lr=0.01)
+                x, y = torch.randn(64, 32), torch.randint(0, 4096, (64,))
+                for _ in range(12):
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            main()
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    report = io.StringIO()
+    status = _doctor.run(
+        ["python", str(script)], out=str(tmp_path / "out"), png=False, progress=False, file=report
+    )
+    assert status == 0
+    text = report.getvalue()
+    rows = text.split("where the forward time goes")[1].splitlines()[1:5]
+    assert "2 (Linear(32 -> 4096)" in rows[0], text
+    assert not any("?" in row for row in rows), text
+
+
 def test_torch_compile_of_a_model_under_the_doctor_has_no_graph_break(tmp_path):
     from torch._dynamo.utils import counters
 

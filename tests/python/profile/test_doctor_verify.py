@@ -292,10 +292,10 @@ def test_compile_trial_compiles_the_forward_leaves_the_compiling_steps_out_and_r
     assert inside["patched"] and not inside["after"]
     # The first forward runs eager (the hook compiles it for the next), the second compiles:
     # step 1 and the COMPILE_SETTLE_STEPS after it are left out, beside the warmup (step 0) and
-    # the operator-sampled steps (3, 4).
+    # the operator-sampled steps (4, 5).
     settle = verify.COMPILE_SETTLE_STEPS
     assert inside["excluded"] == list(range(1, 2 + settle))
-    kept = [i for i in range(8) if i not in inside["excluded"] and i not in (3, 4)][1:]
+    kept = [i for i in range(8) if i not in inside["excluded"] and i not in (4, 5)][1:]
     assert inside["summary"].steps == len(kept)
     assert verify.last_compile["steps"] == 1 + settle and verify.last_compile["compile_s"] >= 0
     torch._dynamo.reset()
