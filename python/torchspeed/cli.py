@@ -10,6 +10,7 @@ Every benchmark ships in the package (torchspeed.benchmarks), so these work afte
 """
 
 import argparse
+import os
 import sys
 
 from . import benchmarks
@@ -17,6 +18,30 @@ from ._cli_args import int_at_least, output_folder
 
 
 def main(argv=None) -> int:
+    """The command line; its output piped into a reader that stops early (`torchspeed info |
+    head -1`) ends it quietly, as Unix tools do."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        quiet_broken_pipe()
+        return 1
+
+
+def quiet_broken_pipe() -> None:
+    """stdout's reader has gone: point stdout at /dev/null, so that Python's flush at exit does
+    not print a second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+
+
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="torchspeed", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="build and run-time information (python -m torchspeed.info)")
@@ -131,17 +156,23 @@ def main(argv=None) -> int:
                 file=sys.stderr,
                 rounds=args.verify_rounds,
             )
-        return run_doctor(
-            command,
-            steps=args.steps,
-            warmup=args.warmup,
-            out=args.out,
-            device=args.device,
-            trace=not args.no_trace,
-            png=not args.no_png,
-            then="stop" if args.stop_script else "continue",
-            file=sys.stderr,
-        )
+        try:
+            return run_doctor(
+                command,
+                steps=args.steps,
+                warmup=args.warmup,
+                out=args.out,
+                device=args.device,
+                trace=not args.no_trace,
+                png=not args.no_png,
+                then="stop" if args.stop_script else "continue",
+                file=sys.stderr,
+            )
+        except Exception as e:  # noqa: BLE001 (the script's error: printed as python prints it)
+            from .profile._doctor import print_script_error
+
+            print_script_error(e)
+            return 1
     args, extra = ap.parse_known_args(argv)
     if args.cmd == "info":
         from . import info

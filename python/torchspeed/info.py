@@ -4,6 +4,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 
 
 def cpu_model_name() -> str:
@@ -81,4 +82,12 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `python -m torchspeed.info | head -1`
+        from .cli import quiet_broken_pipe
+
+        quiet_broken_pipe()
+        status = 1
+    raise SystemExit(status)

@@ -224,3 +224,18 @@ def test_doctor_stop_script_needs_steps(tmp_path):
     (tmp_path / "train.py").write_text("")
     r = run_cli(["doctor", "--stop-script", "--", str(tmp_path / "train.py")], str(tmp_path))
     assert r.returncode == 2 and "--stop-script needs --steps N" in r.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("command", [["-m", "torchspeed", "info"], ["-m", "torchspeed.info"]])
+def test_output_into_a_closed_pipe_ends_quietly(command):
+    """`torchspeed info | head -1`: the reader is gone before the command writes; it ends with
+    status 1 and no traceback (a new user saw BrokenPipeError tracebacks)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run(
+            [sys.executable, *command], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    finally:
+        os.close(write)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr

@@ -267,6 +267,25 @@ def run(argv: List[str], **kwargs) -> int:
     return status
 
 
+def print_script_error(e: BaseException, file=None) -> None:
+    """The traceback of an exception the script raised, as ``python script.py`` prints it: the
+    frames of the doctor and of runpy that ran the script are left out (all of them kept when the
+    error is the doctor's own)."""
+    import traceback
+
+    ours = (
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        os.path.abspath(runpy.__file__),
+    )
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (name.startswith(ours) or name == "<frozen runpy>"):
+            break
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb if tb is not None else e.__traceback__, file=file)
+
+
 def _execute(argv: List[str]) -> int:
     """Runs the checked command as __main__ in this process; returns its exit status (an
     exception propagates). sys.argv and sys.path are restored after."""

@@ -198,9 +198,7 @@ def test_the_oversized_linear_is_named_the_dominant_layer(tmp_path, monkeypatch,
         assert layer and layer[0].title.startswith("big (Linear(32 -> 4096)) is "), findings
 
 
-def test_layers_are_named_when_the_script_drops_its_model_before_the_report(
-    tmp_path, monkeypatch
-):
+def test_layers_are_named_when_the_script_drops_its_model_before_the_report(tmp_path, monkeypatch):
     """The model is a local of main(), gone when the script ends and the report is written
     (found by a new user: every row read "? (?)"): names and descriptions are taken when the
     modules are first seen."""

@@ -951,3 +951,46 @@ def test_50k_steps_with_phases_keep_memory_bounded():
     grown = _rss() - r0
     assert grown < 10e6, f"RSS grew {grown / 1e6:.1f} MB"
     assert len(prof.history()) == 16384 and prof.steps == 52_000
+
+
+def test_doctor_cli_prints_the_scripts_error_as_python_does(tmp_path):
+    """A script that raises: the same exit status and the same traceback as `python script.py`
+    (the doctor's and runpy's frames left out), after the doctor's report."""
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "def train(steps):\n"
+        "    for i in range(steps):\n"
+        "        model(torch.randn(8, 4)).sum().backward()\n"
+        "        opt.step()\n"
+        "        opt.zero_grad()\n"
+        "        if i == 6:\n"
+        "            raise RuntimeError('boom at step 6')\n"
+        "train(10)\n"
+    )
+    plain = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    doc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchspeed",
+            "doctor",
+            "--out",
+            str(tmp_path / "doc"),
+            "--",
+            "python",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert plain.returncode == doc.returncode == 1, doc.stderr[-3000:]
+    want = plain.stderr[plain.stderr.index("Traceback") :]
+    got = doc.stderr[doc.stderr.index("Traceback") :]
+    assert got == want, got
+    assert "steps summarized" in doc.stderr[: doc.stderr.index("Traceback")]  # the report first
