@@ -48,6 +48,15 @@ def _torch():
     try:
         import torch
     except ImportError:
+        # pip's build isolation runs this in a fresh environment (its path holds pip-build-env-*)
+        # where the user's torch is not importable, installed or not.
+        if any("pip-build-env" in p for p in sys.path):
+            sys.exit(
+                "torchspeed builds against the torch of the environment you install it into, and "
+                "pip's build isolation hides it (pip builds in a fresh environment).\nBuild with "
+                "build isolation off: pip install --no-build-isolation . (with torch installed "
+                "first: pip install torch==2.13.0)"
+            )
         sys.exit(
             "torchspeed builds against the torch already installed in this environment, and none "
             "was found.\nInstall it first (pip install torch==2.13.0), then build with build "
