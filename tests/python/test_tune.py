@@ -51,8 +51,10 @@ def test_batch_finder_against_an_rss_limit_on_the_cpu():
         del x
 
     got = max_batch_size(step, start=8, limit=1024, rss_limit_bytes=base + 200 * mib)
-    # 200 MiB above the base fit; the allocator's and Python's own pages take a little of it.
-    assert 120 <= got <= 208, got
+    # At most 200 MiB (plus the 8 MiB the search cannot resolve) above the base; at least a
+    # good part of it (the allocator's, Python's and other threads' pages take some, more in a
+    # long test session).
+    assert 64 <= got <= 208, got
 
 
 @pytest.mark.parametrize(

@@ -93,7 +93,13 @@ def table(results: Sequence, cfg) -> str:
         f"{base.wall_s / results[1].wall_s:.2f}x faster in wall time and uses {cpu_ratio:.2f}x "
         f"less CPU per image; held-out accuracy "
         f"{100 * base.heldout_acc:.1f} % vs {100 * results[1].heldout_acc:.1f} % "
-        f"({acc_gap:.1f} points apart; chance is 10 %)."
+        f"({acc_gap:.1f} points apart; chance is 10 %"
+        + (
+            "; too few steps to learn the task: run more with --steps"
+            if max(base.heldout_acc, results[1].heldout_acc) < 0.2
+            else ""
+        )
+        + ")."
     )
     slow = [(r, st) for r, st in zip(results, stats) if st["slow_excess_s"] > 0.1 * r.wall_s]
     for r, st in slow:
@@ -107,7 +113,8 @@ def table(results: Sequence, cfg) -> str:
     limit = max(_SHOWN_PHASES, key=lambda p: results[1].summary.phases[p].share)
     lines.append(
         f"torchspeed's step is now {100 * results[1].summary.phases[limit].share:.0f} % {limit} "
-        f"(the baseline's was {100 * base.summary.phases['data_wait'].share:.0f} % data_wait): "
+        f"(the baseline's: {100 * base.summary.phases[limit].share:.0f} % {limit}, "
+        f"{100 * base.summary.phases['data_wait'].share:.0f} % data_wait): "
         + _limit_sentence(limit)
     )
     return "\n".join(lines)

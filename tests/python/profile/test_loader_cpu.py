@@ -80,7 +80,12 @@ def test_torchspeed_loader_threads_carry_the_name_the_doctor_reads():
     )
     it = iter(dl)
     next(it)
+    # The first batch can come before every worker has started (and named itself).
+    deadline = time.monotonic() + 30
     found = lc.LoaderCpu()._loader_threads()
+    while len(found) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+        found = lc.LoaderCpu()._loader_threads()
     del it
     dl.shutdown()
     assert len(found) == 3
