@@ -41,6 +41,9 @@ class VerifyRow:
     compile_error: str = ""
 
 
+#: format_rows says the check is noisy when the runs as the script is differ by more than this.
+BASELINE_SPREAD = 1.3
+
 #: The phases each fix acts on: its estimate is about their time.
 PHASES_OF = {
     "amp": ("forward", "backward"),
@@ -591,6 +594,17 @@ def format_rows(rows: List[VerifyRow], steps: int, rounds: int = 1) -> str:
             f"  {r.fix:<44} {ms(r.step_median_s):>10} {ms(r.measured_gain_s):>10} "
             f"{ms(r.phase_gain_s):>11} {ms(r.estimated_gain_s):>10} {ratio:>8} {drift:>10}  "
             f"{'+'.join(r.phases) or '-'}"
+        )
+    bases = [r.step_median_s for r in rows if not r.rule and r.step_median_s]
+    if len(bases) >= 2 and max(bases) > BASELINE_SPREAD * min(bases):
+        try:
+            load = f" (load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+        except (AttributeError, OSError):
+            load = ""
+        lines.append(
+            f"  the runs as the script is took {ms(min(bases))} and {ms(max(bases))} a step: "
+            f"the machine's speed moved during the check{load}, so gains smaller than that "
+            "difference are noise; rerun on a quiet machine, or with --verify-rounds 3"
         )
     for r in rows:
         if r.compile_error:

@@ -95,6 +95,23 @@ def _doctor_verify_text(rows):
     return text
 
 
+def test_the_table_says_when_the_runs_as_the_script_is_disagree():
+    """A new user's loaded machine: the first run as the script is took 72 ms a step, the last
+    0.5 ms; the table said nothing, and the fixes' gains read as measured."""
+    from torchspeed.profile.verify import VerifyRow, format_rows
+
+    def rows(first, last):
+        return [
+            VerifyRow("as the script is", "", None, first, 0.0, 0.0),
+            VerifyRow("bf16 autocast", "amp", 0.001, 0.0009, 0.0003, 0.01, 0.0002, ("forward",)),
+            VerifyRow("as the script is, again", "", None, last, 0.0, 0.0),
+        ]
+
+    noisy = format_rows(rows(0.072, 0.0005), 8)
+    assert "took 0.5 ms and 72.0 ms a step: the machine's speed moved" in noisy, noisy
+    assert "speed moved" not in format_rows(rows(0.0005, 0.0006), 8)
+
+
 def test_verify_tries_channels_last_on_a_cpu_conv_net(tmp_path, monkeypatch):
     rows, by_fix = _rows(tmp_path, monkeypatch, _CONV_SCRIPT, 5)
     cl = [r for r in rows if r.rule == "channels_last"]
