@@ -1,10 +1,12 @@
 """argparse types shared by the command-line tools (`torchspeed doctor`, `torchspeed demo`): a bad
-value becomes argparse's one-line usage error with exit status 2, never a traceback."""
+value becomes argparse's one-line usage error with exit status 2, never a traceback; and the quiet
+end of a command whose output reader has gone."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 
 def output_folder(value: str) -> str:
@@ -44,3 +46,15 @@ def int_at_least(low: int):
 
     parse.__name__ = f"int >= {low}"
     return parse
+
+
+def quiet_broken_pipe() -> None:
+    """stdout's reader has gone: point stdout at /dev/null, so that Python's flush at exit does
+    not print a second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)

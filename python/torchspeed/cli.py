@@ -10,11 +10,10 @@ Every benchmark ships in the package (torchspeed.benchmarks), so these work afte
 """
 
 import argparse
-import os
 import sys
 
 from . import benchmarks
-from ._cli_args import int_at_least, output_folder
+from ._cli_args import int_at_least, output_folder, quiet_broken_pipe
 
 
 def main(argv=None) -> int:
@@ -27,18 +26,6 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         quiet_broken_pipe()
         return 1
-
-
-def quiet_broken_pipe() -> None:
-    """stdout's reader has gone: point stdout at /dev/null, so that Python's flush at exit does
-    not print a second BrokenPipeError."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-    finally:
-        os.close(devnull)
 
 
 def _main(argv=None) -> int:

@@ -86,7 +86,7 @@ if __name__ == "__main__":
         status = main()
         sys.stdout.flush()
     except BrokenPipeError:  # `python -m torchspeed.info | head -1`
-        from .cli import quiet_broken_pipe
+        from ._cli_args import quiet_broken_pipe
 
         quiet_broken_pipe()
         status = 1
