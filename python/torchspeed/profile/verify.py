@@ -604,7 +604,8 @@ def format_rows(rows: List[VerifyRow], steps: int, rounds: int = 1) -> str:
         lines.append(
             f"  the runs as the script is took {ms(min(bases))} and {ms(max(bases))} a step: "
             f"the machine's speed moved during the check{load}, so gains smaller than that "
-            "difference are noise; rerun on a quiet machine, or with --verify-rounds 3"
+            "difference are noise; rerun on a quiet machine"
+            + (", or with --verify-rounds 3" if rounds == 1 else "")
         )
     for r in rows:
         if r.compile_error:
