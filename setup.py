@@ -96,11 +96,18 @@ class CMakeBuild(build_ext):
                 args.append(f"-D{knob}={os.environ[knob]}")
         if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
             args += ["-G", "Ninja"]
-        args += shlex.split(os.environ.get("CMAKE_ARGS", ""))
+        extra = shlex.split(os.environ.get("CMAKE_ARGS", ""))
+        env = dict(os.environ)
+        # ccache, when installed, as scripts/ccache.sh sets it up: a reinstall recompiles only
+        # what changed (unless CMAKE_ARGS chooses its own launcher).
+        if shutil.which("ccache") and not any("COMPILER_LAUNCHER" in a for a in extra):
+            args += [f"-DCMAKE_{lang}_COMPILER_LAUNCHER=ccache" for lang in ("C", "CXX", "CUDA")]
+            env.setdefault("CCACHE_BASEDIR", str(ROOT))
+        args += extra
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
-        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args])
-        subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs])
-        subprocess.check_call(["cmake", "--install", str(build_dir)])
+        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
+        subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs], env=env)
+        subprocess.check_call(["cmake", "--install", str(build_dir)], env=env)
         expected = Path(self.get_ext_fullpath(ext.name)).resolve()
         if expected.parent != package_dir:  # editable: setuptools copies _C from its build dir
             expected.parent.mkdir(parents=True, exist_ok=True)
