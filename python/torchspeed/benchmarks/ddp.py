@@ -44,6 +44,7 @@ _ZERO = "  [zero_grad(set_to_none=False)]"
 _ZC = "(c) torchspeed AccumulatingDDP + AdamW"
 _ZZ = "(z) torchspeed AccumulatingDDP(zero=1) + ZeroOptimizer(AdamW)"
 _ZT = "(t) torch DDP + no_sync + ZeroRedundancyOptimizer(AdamW)"
+_Z8 = "(z8) torchspeed zero=1 + ZeroOptimizer(AdamW int8 state)"
 
 
 def _free_port() -> int:
@@ -120,6 +121,11 @@ def _worker(args) -> None:
         m = fresh()
         variants[_ZZ + _NONE] = (m, AccumulatingDDP(m, accumulation_steps=k, zero=1))
         opts[_ZZ + _NONE] = variants[_ZZ + _NONE][1].zero_optimizer(torchspeed.optim.AdamW, lr=1e-4)
+        m = fresh()
+        variants[_Z8 + _NONE] = (m, AccumulatingDDP(m, accumulation_steps=k, zero=1))
+        opts[_Z8 + _NONE] = variants[_Z8 + _NONE][1].zero_optimizer(
+            torchspeed.optim.AdamW, lr=1e-4, state_dtype="int8"
+        )
         m = fresh()
         variants[_ZT + _NONE] = (m, nn.parallel.DistributedDataParallel(m))
         opts[_ZT + _NONE] = ZeroRedundancyOptimizer(
@@ -226,7 +232,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument(
         "--zero",
         action="store_true",
-        help="ZeRO-1: torchspeed zero=1 vs torchspeed without ZeRO vs torch DDP + "
+        help="ZeRO-1: torchspeed zero=1 (fp32 and int8 AdamW state) vs torchspeed without ZeRO vs torch DDP + "
         "ZeroRedundancyOptimizer, each with torchspeed's fused AdamW",
     )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -396,7 +402,7 @@ def _report_zero(data, machine, argv, grad_bytes, out_dir) -> int:
     optimizer state rank 0 holds, for torchspeed without ZeRO, with zero=1, and torch's DDP +
     ZeroRedundancyOptimizer (which all-reduces every gradient, then broadcasts each shard)."""
     step = {n: statistics.median(r["step"]) for n, r in data["results"].items()}
-    ours, zero, torch_zero = (n + _NONE for n in (_ZC, _ZZ, _ZT))
+    ours, zero, torch_zero, zero8 = (n + _NONE for n in (_ZC, _ZZ, _ZT, _Z8))
     st = data["stats"]
     # Bytes each rank sends per optimizer step with ring algorithms: an all-reduce of B bytes
     # sends 2 (w-1)/w B, a reduce-scatter or an all-gather (w-1)/w B; torch's
@@ -413,6 +419,12 @@ def _report_zero(data, machine, argv, grad_bytes, out_dir) -> int:
         + ring * st[zero]["last_bytes_all_gathered"],
         torch_zero: 2 * ring * grad_bytes + ring * grad_bytes,
     }
+    wire[zero8] = (
+        ring
+        * (2 if st[zero8].get("zero_collectives") == "all_reduce" else 1)
+        * st[zero8]["last_bytes_reduced"]
+        + ring * st[zero8]["last_bytes_all_gathered"]
+    )
     head = (
         f"# bench_ddp --zero ({machine['cpu_model']}, {machine['cores']} cores, 2 ranks x 1 "
         f"thread, Gloo on loopback; {data['n_params'] / 1e6:.1f}M params, k = {data['k']}, "
@@ -423,7 +435,7 @@ def _report_zero(data, machine, argv, grad_bytes, out_dir) -> int:
     )
     lines = [head, header, "-" * len(header)]
     rows = []
-    for name in (ours, zero, torch_zero):
+    for name in (ours, zero, torch_zero, zero8):
         state = st[name]["optimizer_state_bytes_rank0"]
         rows.append(
             {
@@ -448,7 +460,7 @@ def _report_zero(data, machine, argv, grad_bytes, out_dir) -> int:
     res = data["results"]
     k = data["k"]
     parts = {}
-    for name in (ours, zero, torch_zero):
+    for name in (ours, zero, torch_zero, zero8):
         plain = statistics.median(res[name]["plain"])
         sync = statistics.median(res[name]["sync"])
         optim = statistics.median(res[name].get("optim") or [0.0])
@@ -463,7 +475,7 @@ def _report_zero(data, machine, argv, grad_bytes, out_dir) -> int:
         f"{'where the time goes (ms)':<62} {'fwd+bwd':>9} {'sync +':>8} {'opt+gather':>10} "
         f"{'other':>7}"
     )
-    for name in (ours, zero, torch_zero):
+    for name in (ours, zero, torch_zero, zero8):
         p = parts[name]
         lines.append(
             f"{name[:62]:<62} {1e3 * p['fwd_bwd_s']:>9.1f} {1e3 * p['sync_extra_s']:>8.1f} "
