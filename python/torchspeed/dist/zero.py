@@ -103,6 +103,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         from ..optim import LAMB
 
         self._lamb = issubclass(optimizer_class, LAMB)
+        # Per bucket: the slot of each inner param (the inner optimizer's param i is piece i).
+        self._slot_of = [
+            {id(t): piece[0] for t, piece in zip(o.param_groups[0]["params"], self._pieces[b])}
+            for b, o in enumerate(self._inner)
+        ]
         # The reducer's choice for this backend (Gloo: all-reduce; NCCL: the real collectives).
         self._collectives = self._core.collectives
 
@@ -150,10 +155,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         phase1 = []
         for b, opt in enumerate(self._inner):
             params, norms = opt._sharded_step(1)
-            # The inner optimizer's param i is piece i.
-            pieces = opt.param_groups[0]["params"]
-            slot_of = {id(t): piece[0] for t, piece in zip(pieces, self._pieces[b])}
-            slots = torch.tensor([slot_of[id(p)] for p in params], dtype=torch.long)
+            slots = torch.tensor([self._slot_of[b][id(p)] for p in params], dtype=torch.long)
             total.index_add_(0, slots.to(device), norms.to(device))
             phase1.append((params, slots))
         if self._world > 1:
