@@ -55,18 +55,20 @@ constexpr uint32_t kVCodeOffset = (127u << 3) - 255u;  // v: unsigned E5M3, 2^-3
 template <class U>
 inline U code_to_unit(typename U::I32 k, uint32_t offset) {
   using I = typename U::I32;
-  return U::from_bits(andnot(cmpeq(k, I(0)), sll(k + I::from_u32(offset), 20)));
+  return U::from_bits(keep_nonzero(k, sll(k + I::from_u32(offset), 20)));
 }
 
-/// The code magnitude of x in [0, 1] (or NaN): x's float32 bits rounded to 3 mantissa bits
-/// (nearest, ties to even: the nearest code within x's binade), then clamped to [0, max_code]
-/// (below the smallest code: 0; NaN and anything above 1: max_code).
+/// The code magnitude of x >= 0 (or a NaN with the sign bit clear: take abs after the multiply by
+/// 1 / absmax, as inf * 0 gives x86's default NaN, whose sign bit is set) before clamping: x's float32
+/// bits rounded to 3 mantissa bits (nearest, ties to even: the nearest code within x's binade),
+/// minus the offset. Below 0 for x under the smallest code, above the largest code for x > 1 and
+/// NaN. The offset is folded into the rounding constant and the shift is arithmetic, which is
+/// exact: the sum stays within int32 for every such x.
 template <class U>
-inline typename U::I32 unit_to_code(U x, uint32_t offset, int32_t max_code) {
+inline typename U::I32 unit_to_code_unclamped(U x, uint32_t offset) {
   using I = typename U::I32;
   const I b = x.to_bits();
-  const I r = srl(b + I::from_u32(0x7FFFFu) + (srl(b, 20) & I(1)), 20);
-  return min(max(r - I::from_u32(offset), I(0)), I(max_code));
+  return sra(b + I::from_u32(0x7FFFFu - (offset << 20)) + (srl(b, 20) & I(1)), 20);
 }
 
 /// First moment from int8 codes: sign(c) * unit(|c|) * absmax.
@@ -89,9 +91,8 @@ inline U dequant_v(const uint8_t* p, float absmax) {
 template <class U>
 inline void quant_m(U m, float inv, int8_t* p) {
   using I = typename U::I32;
-  const I k = unit_to_code(abs(m) * U(inv), kMCodeOffset, 127);
-  const I sign = sra(m.to_bits(), 31);  // all ones for negative m
-  ((k ^ sign) - sign).store_i8(p);
+  const I k = min(max(unit_to_code_unclamped(abs(m * U(inv)), kMCodeOffset), I(0)), I(127));
+  negate_where_negative(k, m.to_bits()).store_i8(p);
 }
 
 /// As quant_m, rounded stochastically on the code grid instead of to nearest, given 20 bits of
@@ -109,15 +110,14 @@ inline void quant_m_stochastic(U m, float inv, typename U::I32 noise20, int8_t* 
   using I = typename U::I32;
   const I r = srl((abs(m) * U(inv)).to_bits() + noise20, 20);
   const I k = min(max(r - I::from_u32(kMCodeOffset), I(0)), I(127));
-  const I sign = sra(m.to_bits(), 31);  // all ones for negative m
-  ((k ^ sign) - sign).store_i8(p);
+  negate_where_negative(k, m.to_bits()).store_i8(p);
 }
 
 /// Stores the uint8 codes of v for a block whose absmax has the inverse `inv` (NaN and negative
-/// v: 0).
+/// v: 0). The narrowing store clamps the code to [0, 255].
 template <class U>
 inline void quant_v(U v, float inv, uint8_t* p) {
-  unit_to_code(max(v * U(inv), U(0.f)), kVCodeOffset, 255).store_u8_saturate(p);
+  unit_to_code_unclamped(max(v * U(inv), U(0.f)), kVCodeOffset).store_u8_saturate(p);
 }
 
 /// 1 / absmax, or 0 for an all-zero (or non-finite) block: its codes are then 0.

@@ -13,7 +13,9 @@
 
 // The per-element helpers below are inlined into every range function: with the low-bit
 // one-moment ranges the unit has enough call sites that GCC's unit-growth limit left store_param
-// out of line otherwise (a call per vector in every optimizer's loop).
+// out of line otherwise (a call per vector in every optimizer's loop). The range functions take
+// the tensor, hyperparameters and scalars by value: through references, every float store of the
+// loop might alias them, and the compiler reloaded pointers, flags and scalars in every iteration.
 #if defined(__GNUC__)
 #define TORCHSPEED_ELEMENT_INLINE inline __attribute__((always_inline))
 #else
@@ -64,7 +66,7 @@ TORCHSPEED_ELEMENT_INLINE U load_grad(const OptimTensor& c, const OptimHyper& h,
 }
 
 template <class V, typename P, typename G>
-void adam_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+void adam_range(const OptimTensor c, const OptimHyper h, const StepScalars s) {
   for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
     U g = load_grad<U, G>(c, h, s, i);
@@ -101,7 +103,7 @@ void adam_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s)
 
 /// The new moments of element i from its fp32 moments (L2 weight decay folded into the grad).
 template <class U, typename P, typename G>
-inline void adam_lowbit_moments(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
+TORCHSPEED_ELEMENT_INLINE void adam_lowbit_moments(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
                                 int64_t i, U& m, U& v) {
   U g = load_grad<U, G>(c, h, s, i);
   if (h.weight_decay != 0.f && !h.decoupled_weight_decay) {
@@ -113,7 +115,7 @@ inline void adam_lowbit_moments(const OptimTensor& c, const OptimHyper& h, const
 
 /// The param update of element i from its new moments (decoupled weight decay first).
 template <class U, typename P>
-inline void adam_lowbit_param(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
+TORCHSPEED_ELEMENT_INLINE void adam_lowbit_param(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
                               float inv_bias_correction2_sqrt, int64_t i, U m, U v) {
   U p = load_param<U, P>(c, i);
   if (h.weight_decay != 0.f && h.decoupled_weight_decay) p = p * U(s.param_decay);
@@ -125,7 +127,7 @@ inline void adam_lowbit_param(const OptimTensor& c, const OptimHyper& h, const S
 /// Adam with bf16 moments: load, update, store rounded stochastically (one hash per element), in
 /// one loop (measured: the two-loop form of the int8 step does not pay here).
 template <class V, typename P, typename G>
-void adam_bf16_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+void adam_bf16_range(const OptimTensor c, const OptimHyper h, const StepScalars s) {
   const float inv_bc2 = 1.f / s.bias_correction2_sqrt;
   const uint32_t salt = sr_range_salt(c.sr_salt, c.sr_index);
   const auto first = static_cast<uint32_t>(c.sr_index);
@@ -148,7 +150,7 @@ void adam_bf16_range(const OptimTensor& c, const OptimHyper& h, const StepScalar
 /// (into an L1 buffer, finding the block's new absmaxes), then update the params and write the
 /// codes.
 template <class V, typename P, typename G>
-void adam_int8_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+void adam_int8_range(const OptimTensor c, const OptimHyper h, const StepScalars s) {
   using S = typename V::Scalar;
   const int64_t block = h.state_block;
   const float inv_bc2 = 1.f / s.bias_correction2_sqrt;
@@ -266,7 +268,7 @@ TORCHSPEED_ELEMENT_INLINE U sgd_update(const OptimTensor& c, const OptimHyper& h
 }
 
 template <class V, typename P, typename G>
-void sgd_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+void sgd_range(const OptimTensor c, const OptimHyper h, const StepScalars s) {
   const bool has_buffer = h.momentum != 0.f;
   for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
@@ -291,7 +293,7 @@ TORCHSPEED_ELEMENT_INLINE U lion_update(const OptimTensor& c, const OptimHyper& 
 }
 
 template <class V, typename P, typename G>
-void lion_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+void lion_range(const OptimTensor c, const OptimHyper h, const StepScalars s) {
   for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
     lion_update<U, P, G>(c, h, s, i, U::load(c.exp_avg + i)).store(c.exp_avg + i);
@@ -358,7 +360,7 @@ void signed_moment_int8_range(const OptimTensor& c, int64_t block, Update&& upda
 
 /// SGD with a bf16 or int8 momentum buffer (h.state_format; momentum != 0, checked by the op).
 template <class V, typename P, typename G>
-void sgd_lowbit_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+void sgd_lowbit_range(const OptimTensor c, const OptimHyper h, const StepScalars s) {
   auto update = [&](auto buf, int64_t i) {
     return sgd_update<decltype(buf), P, G>(c, h, s, i, buf);
   };
@@ -371,7 +373,7 @@ void sgd_lowbit_range(const OptimTensor& c, const OptimHyper& h, const StepScala
 
 /// Lion with a bf16 or int8 moment (h.state_format).
 template <class V, typename P, typename G>
-void lion_lowbit_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+void lion_lowbit_range(const OptimTensor c, const OptimHyper h, const StepScalars s) {
   auto update = [&](auto m, int64_t i) { return lion_update<decltype(m), P, G>(c, h, s, i, m); };
   if (h.state_format == StateFormat::kInt8) {
     signed_moment_int8_range<V>(c, h.state_block, update);
@@ -390,7 +392,7 @@ inline U lamb_update(const OptimTensor& c, const OptimHyper& h, const StepScalar
 }
 
 template <class V, typename P, typename G>
-void lamb_phase1_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
+void lamb_phase1_range(const OptimTensor c, const OptimHyper h, const StepScalars s,
                        double* param_sumsq, double* update_sumsq) {
   V p_acc(0.f), u_acc(0.f);
   typename V::Scalar p_tail(0.f), u_tail(0.f);
@@ -416,7 +418,7 @@ void lamb_phase1_range(const OptimTensor& c, const OptimHyper& h, const StepScal
 }
 
 template <class V, typename P, typename G>
-void lamb_phase2_range(const OptimTensor& c, const OptimHyper& h, const StepScalars& s) {
+void lamb_phase2_range(const OptimTensor c, const OptimHyper h, const StepScalars s) {
   for_each_lane<V>(c.numel, [&](auto tag, int64_t i) {
     using U = decltype(tag);
     U p = load_param<U, P>(c, i);

@@ -116,7 +116,9 @@ inline uint8_t from_float<uint8_t>(float f) {
 // Bit work (hashes, float bit patterns): mullo multiplies modulo 2^32, srl/sll shift logically,
 // ^ & | andnot act on bits, abs/min/max are signed, cmpeq/cmpgt give all-ones lanes where true
 // (signed compare), select picks by such a mask, ramp(x) holds x, x + 1, ... (lane order),
-// store_u16 narrows each lane's low 16 bits.
+// store_u16 narrows each lane's low 16 bits. keep_nonzero(k, x) is x where k != 0 and 0 elsewhere;
+// negate_where_negative(k, s) is -k where s < 0 and k elsewhere (one or two instructions each,
+// where the mask spelling took three).
 
 /// One int32 lane: the scalar ISA, and the tail of every integer vector loop.
 struct ScalarVecI32 {
@@ -158,6 +160,12 @@ struct ScalarVecI32 {
     return mask.v ? a : b;
   }
   void store_u16(uint16_t* p) const { p[0] = static_cast<uint16_t>(u()); }
+  friend ScalarVecI32 keep_nonzero(ScalarVecI32 k, ScalarVecI32 x) {
+    return k.v != 0 ? x : ScalarVecI32(0);
+  }
+  friend ScalarVecI32 negate_where_negative(ScalarVecI32 k, ScalarVecI32 s) {
+    return s.v < 0 ? from_u32(0u - k.u()) : k;
+  }
 };
 
 #if defined(__AVX2__)
@@ -241,6 +249,13 @@ struct VecAvx2I32 {
   void store_u16(uint16_t* p) const {
     const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), w);
+  }
+  friend VecAvx2I32 keep_nonzero(VecAvx2I32 k, VecAvx2I32 x) {
+    return VecAvx2I32(_mm256_andnot_si256(_mm256_cmpeq_epi32(k.v, _mm256_setzero_si256()), x.v));
+  }
+  friend VecAvx2I32 negate_where_negative(VecAvx2I32 k, VecAvx2I32 s) {
+    // psignd negates where s < 0 and zeroes where s == 0: s | 1 is never 0 and keeps s's sign.
+    return VecAvx2I32(_mm256_sign_epi32(k.v, _mm256_or_si256(s.v, _mm256_set1_epi32(1))));
   }
 };
 #endif
@@ -326,6 +341,13 @@ struct VecAvx512I32 {
   /// Lanes' low 16 bits (each lane must hold a value in [0, 65535]).
   void store_u16(uint16_t* p) const {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
+  }
+  friend VecAvx512I32 keep_nonzero(VecAvx512I32 k, VecAvx512I32 x) {
+    return VecAvx512I32(_mm512_maskz_mov_epi32(_mm512_test_epi32_mask(k.v, k.v), x.v));
+  }
+  friend VecAvx512I32 negate_where_negative(VecAvx512I32 k, VecAvx512I32 s) {
+    return VecAvx512I32(
+        _mm512_mask_sub_epi32(k.v, _mm512_movepi32_mask(s.v), _mm512_setzero_si512(), k.v));
   }
 };
 #endif
@@ -445,13 +467,10 @@ struct VecAvx2 {
   }
   friend VecAvx2 sqrt(VecAvx2 a) { return VecAvx2(_mm256_sqrt_ps(a.v)); }
   friend VecAvx2 abs(VecAvx2 a) { return VecAvx2(_mm256_andnot_ps(_mm256_set1_ps(-0.f), a.v)); }
-  friend VecAvx2 max(VecAvx2 a, VecAvx2 b) {
-    // (a > b) ? a : b, lane-wise, matching ScalarVec::max including NaN handling.
-    return VecAvx2(_mm256_blendv_ps(b.v, a.v, _mm256_cmp_ps(a.v, b.v, _CMP_GT_OQ)));
-  }
-  friend VecAvx2 min(VecAvx2 a, VecAvx2 b) {
-    return VecAvx2(_mm256_blendv_ps(b.v, a.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ)));
-  }
+  // maxps / minps are (a > b) ? a : b and (a < b) ? a : b exactly, as ScalarVec's max and min:
+  // the second operand when either is NaN and when both are zeros of either sign.
+  friend VecAvx2 max(VecAvx2 a, VecAvx2 b) { return VecAvx2(_mm256_max_ps(a.v, b.v)); }
+  friend VecAvx2 min(VecAvx2 a, VecAvx2 b) { return VecAvx2(_mm256_min_ps(a.v, b.v)); }
   friend VecAvx2 round_even(VecAvx2 a) {
     return VecAvx2(_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
@@ -547,12 +566,9 @@ struct VecAvx512 {
   }
   friend VecAvx512 sqrt(VecAvx512 a) { return VecAvx512(_mm512_sqrt_ps(a.v)); }
   friend VecAvx512 abs(VecAvx512 a) { return VecAvx512(_mm512_abs_ps(a.v)); }
-  friend VecAvx512 max(VecAvx512 a, VecAvx512 b) {
-    return VecAvx512(_mm512_mask_mov_ps(b.v, _mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ), a.v));
-  }
-  friend VecAvx512 min(VecAvx512 a, VecAvx512 b) {
-    return VecAvx512(_mm512_mask_mov_ps(b.v, _mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), a.v));
-  }
+  // As VecAvx2's: maxps / minps are the ternaries exactly.
+  friend VecAvx512 max(VecAvx512 a, VecAvx512 b) { return VecAvx512(_mm512_max_ps(a.v, b.v)); }
+  friend VecAvx512 min(VecAvx512 a, VecAvx512 b) { return VecAvx512(_mm512_min_ps(a.v, b.v)); }
   friend VecAvx512 round_even(VecAvx512 a) {
     return VecAvx512(_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
