@@ -59,10 +59,10 @@ inline U code_to_unit(typename U::I32 k, uint32_t offset) {
 }
 
 /// The code magnitude of x >= 0 (or a NaN with the sign bit clear: take abs after the multiply by
-/// 1 / absmax, as inf * 0 gives x86's default NaN, whose sign bit is set) before clamping: x's float32
-/// bits rounded to 3 mantissa bits (nearest, ties to even: the nearest code within x's binade),
-/// minus the offset. Below 0 for x under the smallest code, above the largest code for x > 1 and
-/// NaN. The offset is folded into the rounding constant and the shift is arithmetic, which is
+/// 1 / absmax, as inf * 0 gives x86's default NaN, whose sign bit is set) before clamping: x's
+/// float32 bits rounded to 3 mantissa bits (nearest, ties to even: the nearest code within x's
+/// binade), minus the offset. Below 0 for x under the smallest code, above the largest code for x >
+/// 1 and NaN. The offset is folded into the rounding constant and the shift is arithmetic, which is
 /// exact: the sum stays within int32 for every such x.
 template <class U>
 inline typename U::I32 unit_to_code_unclamped(U x, uint32_t offset) {

@@ -103,8 +103,8 @@ void adam_range(const OptimTensor c, const OptimHyper h, const StepScalars s) {
 
 /// The new moments of element i from its fp32 moments (L2 weight decay folded into the grad).
 template <class U, typename P, typename G>
-TORCHSPEED_ELEMENT_INLINE void adam_lowbit_moments(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
-                                int64_t i, U& m, U& v) {
+TORCHSPEED_ELEMENT_INLINE void adam_lowbit_moments(const OptimTensor& c, const OptimHyper& h,
+                                                   const StepScalars& s, int64_t i, U& m, U& v) {
   U g = load_grad<U, G>(c, h, s, i);
   if (h.weight_decay != 0.f && !h.decoupled_weight_decay) {
     g = fma(load_param<U, P>(c, i), U(h.weight_decay), g);
@@ -115,8 +115,10 @@ TORCHSPEED_ELEMENT_INLINE void adam_lowbit_moments(const OptimTensor& c, const O
 
 /// The param update of element i from its new moments (decoupled weight decay first).
 template <class U, typename P>
-TORCHSPEED_ELEMENT_INLINE void adam_lowbit_param(const OptimTensor& c, const OptimHyper& h, const StepScalars& s,
-                              float inv_bias_correction2_sqrt, int64_t i, U m, U v) {
+TORCHSPEED_ELEMENT_INLINE void adam_lowbit_param(const OptimTensor& c, const OptimHyper& h,
+                                                 const StepScalars& s,
+                                                 float inv_bias_correction2_sqrt, int64_t i, U m,
+                                                 U v) {
   U p = load_param<U, P>(c, i);
   if (h.weight_decay != 0.f && h.decoupled_weight_decay) p = p * U(s.param_decay);
   const U denom = fma(sqrt(v), U(inv_bias_correction2_sqrt), U(h.eps));
