@@ -53,20 +53,21 @@ def _first_float(out: Any) -> Optional[torch.Tensor]:
     return None
 
 
-def _inputs(spec: Sequence[Tuple[tuple, torch.dtype]], channels_last: bool) -> Optional[list]:
+def _inputs(spec: Sequence[Tuple[tuple, torch.dtype]]) -> Optional[list]:
     xs = []
     for shape, dtype in spec:
         if not dtype.is_floating_point:
             return None  # token ids etc.: their valid range is unknown, no synthetic input
-        x = torch.randn(shape, dtype=dtype)
-        if channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        xs.append(x)
+        xs.append(torch.randn(shape, dtype=dtype))
     return xs
 
 
-def _fwd_bwd(model: nn.Module, xs: list, bf16: bool) -> float:
+def _fwd_bwd(model: nn.Module, xs: list, bf16: bool, channels_last: bool = False) -> float:
+    """Seconds of one forward+backward on this thread. channels_last: the 4-D inputs are made
+    channels_last inside the timed region, as the fix does to each batch (the loader gives NCHW)."""
     t0 = time.thread_time()
+    if channels_last:
+        xs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in xs]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         out = _first_float(model(*xs))
     if out is None:
@@ -96,7 +97,7 @@ def probe_model(
     variants = [v for v in variants if v != "channels_last" or has_conv]
     try:
         base = copy.deepcopy(model).train()
-        xs = _inputs(spec, channels_last=False)
+        xs = _inputs(spec)
         if xs is None:
             return {}
         made = {"fp32": (base, xs, False)}
@@ -105,7 +106,7 @@ def probe_model(
                 made[v] = (base, xs, True)
             elif v == "channels_last":
                 m = copy.deepcopy(model).train().to(memory_format=torch.channels_last)
-                made[v] = (m, _inputs(spec, channels_last=True), False)
+                made[v] = (m, xs, False, True)
         first = _fwd_bwd(*made["fp32"])
         if first > PROBE_MAX_S:
             return {}
@@ -127,11 +128,14 @@ def probe_model(
     return out
 
 
-def probe_fused_optimizer(optimizer: Any) -> Optional[float]:
-    """Seconds of one step of torchspeed's fused optimizer of the same algorithm over zero tensors
-    of the optimizer's parameter shapes (its hyperparameters), on the CPU, on one thread (an upper
-    bound for a run with more: the estimated gain errs low on a large, bandwidth-bound model);
-    None when there is no torchspeed counterpart or the probe fails."""
+def probe_fused_optimizer(optimizer: Any) -> Optional[Tuple[float, float]]:
+    """(torchspeed's step, the script's own step) in seconds: one step of torchspeed's fused
+    optimizer of the same algorithm and one of the script's optimizer class, each over zero tensors
+    of the optimizer's parameter shapes with its hyperparameters, timed interleaved on the CPU on
+    one thread. The rule applies their ratio to the phase the run measured (as the model probes'
+    ratios): on one thread both steps are slower than in a run with more, and the absolute
+    one-thread time under-estimated the gain. None when there is no torchspeed counterpart or the
+    probe fails."""
     from .. import optim as ts_optim
 
     name = type(optimizer).__name__
@@ -139,43 +143,49 @@ def probe_fused_optimizer(optimizer: Any) -> Optional[float]:
     if cls is None:
         return None
     try:
-        shapes, total = [], 0
-        groups = []
+        total = 0
+        ours, theirs = [], []
         for g in optimizer.param_groups:
-            ps = []
+            ps, qs = [], []
             for p in g["params"]:
                 if p.device.type != "cpu" or not p.is_floating_point():
                     return None
                 total += p.numel() * p.element_size()
                 ps.append(torch.zeros_like(p, requires_grad=True))
-                shapes.append(p.shape)
+                qs.append(torch.zeros_like(p, requires_grad=True))
+            hyper = {k: v for k, v in g.items() if k != "params"}
             keep = {
                 k: v
-                for k, v in g.items()
-                if k not in ("params", "foreach", "fused", "capturable", "differentiable")
+                for k, v in hyper.items()
+                if k not in ("foreach", "fused", "capturable", "differentiable")
             }
-            groups.append(dict(keep, params=ps))
+            ours.append(dict(keep, params=ps))
+            theirs.append(dict(hyper, params=qs))
         if total > PROBE_MAX_PARAM_BYTES:
             return None
-        for g in groups:
-            for p in g["params"]:
-                p.grad = torch.full_like(p, 1e-3)
-        opt = cls(groups)
-        opt.step()  # warm-up: state allocation
-        best = float("inf")
-        for _ in range(2 * REPEATS):  # the min of a few short steps
-            t0 = time.thread_time()
-            opt.step()
-            best = min(best, time.thread_time() - t0)
-        return best
+        for groups in (ours, theirs):
+            for g in groups:
+                for p in g["params"]:
+                    p.grad = torch.full_like(p, 1e-3)
+        opts = (cls(ours), type(optimizer)(theirs))
+        best = [float("inf"), float("inf")]
+        for o in opts:
+            o.step()  # warm-up: state allocation
+        for _ in range(2 * REPEATS):  # the min of a few short steps of each, interleaved
+            for k, o in enumerate(opts):
+                t0 = time.thread_time()
+                o.step()
+                best[k] = min(best[k], time.thread_time() - t0)
+        return best[0], best[1]
     except Exception:  # noqa: BLE001
         return None
 
 
 def probe_run(model: Optional[nn.Module], spec, optimizers: Sequence[Any]) -> Dict[str, float]:
     """The doctor's probes for one run: "bf16" and "channels_last" ratios of forward+backward
-    (model probe), "nchw_convs" (the model's Conv2d layers with NCHW weights), "fused_optimizer_s" (torchspeed's step for the first torch optimizer), on one
-    thread; torch's thread count and global RNG state are restored after."""
+    (model probe), "nchw_convs" (the model's Conv2d layers with NCHW weights), "fused_optimizer_s" and
+    "own_optimizer_s" (torchspeed's step and the first torch optimizer's own, over the same
+    shapes), on one thread; torch's thread count and global RNG state are restored after."""
     out: Dict[str, float] = {}
     threads = torch.get_num_threads()
     with torch.random.fork_rng(devices=[]), contextlib.ExitStack() as stack:
@@ -198,6 +208,6 @@ def probe_run(model: Optional[nn.Module], spec, optimizers: Sequence[Any]) -> Di
                 continue
             t = probe_fused_optimizer(opt)
             if t is not None:
-                out["fused_optimizer_s"] = t
+                out["fused_optimizer_s"], out["own_optimizer_s"] = t
             break
     return out

@@ -188,6 +188,7 @@ class RunFacts:
     #:   bf16               forward+backward of a copy of the model under bf16 autocast / fp32
     #:   channels_last      the same in channels_last / NCHW (models with Conv2d layers)
     #:   fused_optimizer_s  one step of torchspeed's fused optimizer over the run's parameters
+    #:   own_optimizer_s    one step of the script's optimizer class over the same, interleaved
     #:   fp32_s             seconds of one forward+backward of the float32 copy on one thread
     probes: Dict[str, float] = field(default_factory=dict)
     #: torch's intra-op threads (torch.get_num_threads()) when the facts were taken; 0 = unknown.

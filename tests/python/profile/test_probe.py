@@ -187,6 +187,23 @@ def test_optimizer_estimate_is_the_phase_minus_the_measured_fused_step():
     assert est["amp"] is None and est["channels_last"] is None
 
 
+def test_optimizer_estimate_scales_the_phase_by_the_probed_ratio():
+    # With the script's own optimizer timed beside torchspeed's (one thread each), their ratio
+    # scales the phase the run measured: 20 ms x (2 / 8) -> 5 ms, a 15 ms gain (the one-thread
+    # seconds alone would say 18 ms, whatever the run's thread count).
+    opt = torch.optim.AdamW(_convnet().parameters(), foreach=False)
+    s = make_summary(0.100, {"optimizer": 0.020, "forward": 0.030})
+    probes = {"fused_optimizer_s": 0.002, "own_optimizer_s": 0.008}
+    for facts in (RunFacts(optimizers=[opt], probes=probes), RunFacts(probes=probes)):
+        f = _by_rule(advise(s, facts))["optimizer"]
+        assert f.est_gain_s == pytest.approx(0.015, rel=REL)
+        assert "2.0 ms against 8.0 ms" in f.detail and "x0.25" in f.detail
+    # torchspeed's step slower than the script's own on this CPU: no gain, never a loss.
+    slower = {"fused_optimizer_s": 0.009, "own_optimizer_s": 0.008}
+    f = _by_rule(advise(s, RunFacts(optimizers=[opt], probes=slower)))["optimizer"]
+    assert f.est_gain_s == pytest.approx(0.0, abs=1e-12)
+
+
 def test_verify_estimates_are_signed():
     s = make_summary(**_S)
     est = rules.verify_estimates(s, RunFacts(probes={"bf16": 3.0, "channels_last": 0.5}))
@@ -210,13 +227,20 @@ def test_probe_measures_ratios_and_restores_rng_and_threads():
     for a, b in zip(before, model.parameters()):
         assert torch.equal(a, b.detach()) and b.grad is None
     assert not model[0].weight.is_contiguous(memory_format=torch.channels_last)
-    assert set(out) == {"bf16", "channels_last", "fused_optimizer_s", "nchw_convs", "fp32_s"}
+    assert set(out) == {
+        "bf16",
+        "channels_last",
+        "fused_optimizer_s",
+        "own_optimizer_s",
+        "nchw_convs",
+        "fp32_s",
+    }
     assert 0 < out["fp32_s"] < probe.PROBE_MAX_S
     assert out["nchw_convs"] == 2
     # Ratios of the same work in another form: finite and within a wide band on any CPU.
     for k in ("bf16", "channels_last"):
         assert 0.05 < out[k] < 100, out
-    assert 0 < out["fused_optimizer_s"] < 1.0
+    assert 0 < out["fused_optimizer_s"] < 1.0 and 0 < out["own_optimizer_s"] < 1.0
 
 
 def test_probe_skips_what_it_cannot_measure():
