@@ -35,14 +35,12 @@ namespace TORCHSPEED_CPU_ISA_NAMESPACE {
 /// The largest int8 block the CPU kernels buffer (elements).
 constexpr int64_t kMaxStateBlock = 4096;
 
-/// Horizontal max of the lanes (NaN lanes are skipped, as `max` does).
-template <class U>
-inline float lane_max(U x) {
-  float lanes[U::kWidth];
-  x.store(lanes);
-  float m = lanes[0];
-  for (int k = 1; k < U::kWidth; ++k) m = lanes[k] > m ? lanes[k] : m;
-  return m;
+/// A block's absmax from the vector loop's and the tail's running maxima (neither holds a NaN:
+/// `max(x, running)` keeps the running value over a NaN x).
+template <class V, class S>
+inline float block_max(V vector_max, S tail_max) {
+  const float a = vector_max.reduce_max();
+  return a > tail_max.v ? a : tail_max.v;
 }
 
 /// The int8 maps are 8-bit floats relative to the block's absmax: a code's magnitude k (1..127

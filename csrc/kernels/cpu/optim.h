@@ -183,8 +183,8 @@ void adam_int8_range(const OptimTensor c, const OptimHyper h, const StepScalars 
         v_max_s = max(v, v_max_s);
       }
     });
-    const float m_amax = std::fmax(lane_max(m_max_v), m_max_s.v);
-    const float v_amax = std::fmax(lane_max(v_max_v), v_max_s.v);
+    const float m_amax = block_max(m_max_v, m_max_s);
+    const float v_amax = block_max(v_max_v, v_max_s);
     c.exp_avg_absmax[k] = m_amax;
     c.exp_avg_sq_absmax[k] = v_amax;
     const float m_inv = inverse_absmax(m_amax);
@@ -221,7 +221,7 @@ void lowbit_encode(const float* x, int64_t n, int64_t block, bool is_signed, voi
         max_s = max(t, max_s);
       }
     });
-    const float amax = std::fmax(lane_max(max_v), max_s.v);
+    const float amax = block_max(max_v, max_s);
     absmax[b0 / block] = amax;
     const float inv = inverse_absmax(amax);
     for_each_lane<V>(len, [&](auto tag, int64_t j) {
@@ -348,7 +348,7 @@ void signed_moment_int8_range(const OptimTensor& c, int64_t block, Update&& upda
         max_s = max(abs(m), max_s);
       }
     });
-    const float amax = std::fmax(lane_max(max_v), max_s.v);
+    const float amax = block_max(max_v, max_s);
     c.exp_avg_absmax[k] = amax;
     const float inv = inverse_absmax(amax);
     for_each_lane<V>(len, [&](auto tag, int64_t j) {

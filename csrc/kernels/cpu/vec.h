@@ -397,6 +397,9 @@ struct ScalarVec {
     return ScalarVec(mask_src.v != F(0) ? a.v : F(0));
   }
   double reduce_add() const { return static_cast<double>(v); }
+  /// The largest lane. Lanes must not be NaN (a running `max` never takes one in): then every
+  /// order of the comparisons gives the same value, and the vector types use a tree.
+  F reduce_max() const { return v; }
   /// The lanes' IEEE bit patterns (float lanes only), and back.
   I32 to_bits() const { return I32::from_u32(float_to_bits(static_cast<float>(v))); }
   static ScalarVec from_bits(I32 b) { return ScalarVec(static_cast<F>(bits_to_float(b.u()))); }
@@ -483,6 +486,11 @@ struct VecAvx2 {
   friend VecAvx2 select_nonzero(VecAvx2 mask_src, VecAvx2 a) {
     const __m256 keep = _mm256_cmp_ps(mask_src.v, _mm256_setzero_ps(), _CMP_NEQ_UQ);
     return VecAvx2(_mm256_and_ps(keep, a.v));
+  }
+  float reduce_max() const {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
   }
   double reduce_add() const {
     alignas(32) float lanes[8];
@@ -583,6 +591,7 @@ struct VecAvx512 {
     return VecAvx512(
         _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mask_src.v, _mm512_setzero_ps(), _CMP_NEQ_UQ), a.v));
   }
+  float reduce_max() const { return _mm512_reduce_max_ps(v); }
   double reduce_add() const {
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, v);
