@@ -50,7 +50,8 @@ PHASES_OF = {
     "amp_not_advised": ("forward", "backward"),
     "channels_last": ("forward", "backward"),
     "cudnn_benchmark": ("forward", "backward"),
-    "cpu_threads": ("forward", "backward"),
+    # Preemption costs every phase, in a different one each step: the step is what it moves.
+    "cpu_threads": ("step",),
     "compile": ("forward", "backward"),
     "optimizer": ("optimizer",),
     "data_wait": ("data_wait",),
@@ -483,6 +484,8 @@ def _drift(losses: List[float], base_losses: List[float]) -> Optional[float]:
 
 
 def _phase_median(summary: Any, phases: Tuple[str, ...]) -> float:
+    if phases == ("step",):
+        return summary.step_median_s
     return sum(summary.phases[p].median_s for p in phases if p in summary.phases)
 
 

@@ -172,7 +172,8 @@ def test_cpu_threads_trial_sets_the_advised_threads_and_restores_them(monkeypatc
     with trials[0][2]():
         assert torch.get_num_threads() == 2
     assert torch.get_num_threads() == before
-    assert verify.PHASES_OF["cpu_threads"] == ("forward", "backward")
+    # Checked against the step: preemption stalls land in every phase.
+    assert verify.PHASES_OF["cpu_threads"] == ("step",)
 
 
 def test_compute_fixes_are_tried_on_top_of_the_threads_fix(monkeypatch):
@@ -208,7 +209,7 @@ def test_compute_fixes_are_tried_on_top_of_the_threads_fix(monkeypatch):
     assert torch.get_num_threads() == before
     assert seen[1:3] == [1, 1]  # the threads trial, then bf16 under it
     t = rows["1 torch thread"]
-    assert t.phase_gain_s == pytest.approx(0.080 - 0.040)
+    assert t.phases == ("step",) and t.phase_gain_s == pytest.approx(0.100 - 0.050)
     amp = rows["bf16 autocast + 1 torch thread"]
     assert amp.phase_gain_s == pytest.approx(0.040 - 0.025)  # against the threads run
     assert amp.measured_gain_s == pytest.approx(0.050 - 0.035)
