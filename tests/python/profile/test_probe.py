@@ -257,3 +257,9 @@ def test_probe_skips_what_it_cannot_measure():
 
     assert probe.probe_run(None, None, [AdamW(lin.parameters())]) == {}
     assert probe.probe_fused_optimizer(torch.optim.Adagrad(lin.parameters())) is None
+    # A script optimizer that cannot be copied here (capturable=True needs CUDA): torchspeed's
+    # step is still timed, the script's own is not.
+    opt = torch.optim.AdamW(lin.parameters(), foreach=False)
+    opt.param_groups[0]["capturable"] = True
+    fused_s, own_s = probe.probe_fused_optimizer(opt)
+    assert fused_s > 0 and own_s is None
