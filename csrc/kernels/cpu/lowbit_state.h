@@ -144,15 +144,14 @@ inline typename U::I32 sr_noise(uint32_t index, uint32_t salt) {
 }
 
 /// Stores x as bf16, rounded stochastically: up with probability (dropped 16 bits) / 2^16, given
-/// 16 bits of noise per lane. inf stays inf and NaN becomes the quiet 0x7fc0, as to_bf16 does.
+/// 16 bits of noise per lane. inf stays inf (its low 16 bits are 0, so the noise never carries)
+/// and NaN becomes the quiet 0x7fc0, as to_bf16 does (whatever the noise made of its bits).
 template <class U>
 inline void store_bf16_stochastic(U x, typename U::I32 noise16, bf16* p) {
   using I = typename U::I32;
   const I u = x.to_bits();
   const I magnitude = u & I::from_u32(0x7FFFFFFFu);
-  const I inf = I::from_u32(0x7F800000u);
-  const I rounded = srl(u + (noise16 & cmpgt(inf, magnitude)), 16);
-  select(cmpgt(magnitude, inf), I::from_u32(0x7FC0u), rounded)
+  select(cmpgt(magnitude, I::from_u32(0x7F800000u)), I::from_u32(0x7FC0u), srl(u + noise16, 16))
       .store_u16(reinterpret_cast<uint16_t*>(p));
 }
 
