@@ -112,6 +112,22 @@ def test_the_table_says_when_the_runs_as_the_script_is_disagree():
     assert "speed moved" not in format_rows(rows(0.0005, 0.0006), 8)
 
 
+def test_est_meas_needs_a_measured_gain_the_table_can_show():
+    """A phase gain that prints as 0.0 ms gets no ratio (it read 554.31 on the demo)."""
+    from torchspeed.profile.verify import VerifyRow, format_rows
+
+    def line(gain):
+        rows = [
+            VerifyRow("as the script is", "", None, 0.1, 0.0, 0.0),
+            VerifyRow("torch.compile(model)", "compile", 0.0149, 0.08, 0.002, 0.0, gain, ("x",)),
+        ]
+        return format_rows(rows, 8).splitlines()[3]
+
+    assert line(0.0149).split()[9] == "1.00"
+    assert line(0.0000269).split()[9] == "-"
+    assert line(-0.0100).split()[9] == "-1.49"
+
+
 def test_verify_tries_channels_last_on_a_cpu_conv_net(tmp_path, monkeypatch):
     rows, by_fix = _rows(tmp_path, monkeypatch, _CONV_SCRIPT, 5)
     cl = [r for r in rows if r.rule == "channels_last"]
