@@ -147,13 +147,12 @@ def probe_fused_optimizer(optimizer: Any) -> Optional[Tuple[float, Optional[floa
         total = 0
         ours, theirs = [], []
         for g in optimizer.param_groups:
-            ps, qs = [], []
+            ps = []
             for p in g["params"]:
                 if p.device.type != "cpu" or not p.is_floating_point():
                     return None
                 total += p.numel() * p.element_size()
                 ps.append(torch.zeros_like(p, requires_grad=True))
-                qs.append(torch.zeros_like(p, requires_grad=True))
             hyper = {k: v for k, v in g.items() if k != "params"}
             keep = {
                 k: v
@@ -161,13 +160,14 @@ def probe_fused_optimizer(optimizer: Any) -> Optional[Tuple[float, Optional[floa
                 if k not in ("foreach", "fused", "capturable", "differentiable")
             }
             ours.append(dict(keep, params=ps))
-            theirs.append(dict(hyper, params=qs))
+            # The same tensors: both optimizers step them (their values do not matter to the
+            # timing), so the probe holds one copy of the params and grads, not two.
+            theirs.append(dict(hyper, params=list(ps)))
         if total > PROBE_MAX_PARAM_BYTES:
             return None
-        for groups in (ours, theirs):
-            for g in groups:
-                for p in g["params"]:
-                    p.grad = torch.full_like(p, 1e-3)
+        for g in ours:
+            for p in g["params"]:
+                p.grad = torch.full_like(p, 1e-3)
         opts = [cls(ours)]
         opts[0].step()  # warm-up: state allocation
         try:
