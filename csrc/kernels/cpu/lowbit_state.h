@@ -69,6 +69,14 @@ inline typename U::I32 unit_to_code_unclamped(U x, uint32_t offset) {
   return sra(b + I::from_u32(0x7FFFFu - (offset << 20)) + (srl(b, 20) & I(1)), 20);
 }
 
+/// Stores the first moment's int8 codes: magnitudes k (before clamping) clamped to [0, 127], with
+/// m's sign (a NaN m keeps its sign bit's).
+template <class U>
+inline void store_m_codes(typename U::I32 k, U m, int8_t* p) {
+  using I = typename U::I32;
+  negate_where_negative(min(max(k, I(0)), I(127)), m.to_bits()).store_i8(p);
+}
+
 /// First moment from int8 codes: sign(c) * unit(|c|) * absmax.
 template <class U>
 inline U dequant_m(const int8_t* p, float absmax) {
@@ -88,9 +96,7 @@ inline U dequant_v(const uint8_t* p, float absmax) {
 /// or non-finite block: codes 0). A NaN m gets the code +-127.
 template <class U>
 inline void quant_m(U m, float inv, int8_t* p) {
-  using I = typename U::I32;
-  const I k = min(max(unit_to_code_unclamped(abs(m * U(inv)), kMCodeOffset), I(0)), I(127));
-  negate_where_negative(k, m.to_bits()).store_i8(p);
+  store_m_codes(unit_to_code_unclamped(abs(m * U(inv)), kMCodeOffset), m, p);
 }
 
 /// As quant_m, rounded stochastically on the code grid instead of to nearest, given 20 bits of
@@ -107,8 +113,7 @@ template <class U>
 inline void quant_m_stochastic(U m, float inv, typename U::I32 noise20, int8_t* p) {
   using I = typename U::I32;
   const I r = srl((abs(m) * U(inv)).to_bits() + noise20, 20);
-  const I k = min(max(r - I::from_u32(kMCodeOffset), I(0)), I(127));
-  negate_where_negative(k, m.to_bits()).store_i8(p);
+  store_m_codes(r - I::from_u32(kMCodeOffset), m, p);
 }
 
 /// Stores the uint8 codes of v for a block whose absmax has the inverse `inv` (NaN and negative

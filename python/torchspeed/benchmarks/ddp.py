@@ -409,22 +409,19 @@ def _report_zero(data, machine, argv, grad_bytes, out_dir) -> int:
     # ZeroRedundancyOptimizer all-reduces the grads, then broadcasts every rank's shard.
     w = data["world"]
     ring = (w - 1) / w
-    wire = {
-        ours: 2 * ring * st[ours]["last_bytes_reduced"],
+
+    def zero_wire(s) -> float:
         # zero=1 on Gloo reduces with an all-reduce (zero_collectives) and gathers with one
         # broadcast per rank (zero_gather), which moves what an all-gather would.
-        zero: ring
-        * (2 if st[zero].get("zero_collectives") == "all_reduce" else 1)
-        * st[zero]["last_bytes_reduced"]
-        + ring * st[zero]["last_bytes_all_gathered"],
+        reduce_factor = 2 if s.get("zero_collectives") == "all_reduce" else 1
+        return ring * (reduce_factor * s["last_bytes_reduced"] + s["last_bytes_all_gathered"])
+
+    wire = {
+        ours: 2 * ring * st[ours]["last_bytes_reduced"],
+        zero: zero_wire(st[zero]),
+        zero8: zero_wire(st[zero8]),
         torch_zero: 2 * ring * grad_bytes + ring * grad_bytes,
     }
-    wire[zero8] = (
-        ring
-        * (2 if st[zero8].get("zero_collectives") == "all_reduce" else 1)
-        * st[zero8]["last_bytes_reduced"]
-        + ring * st[zero8]["last_bytes_all_gathered"]
-    )
     head = (
         f"# bench_ddp --zero ({machine['cpu_model']}, {machine['cores']} cores, 2 ranks x 1 "
         f"thread, Gloo on loopback; {data['n_params'] / 1e6:.1f}M params, k = {data['k']}, "
