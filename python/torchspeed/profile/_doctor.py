@@ -15,6 +15,7 @@ import json
 import os
 import runpy
 import sys
+import traceback
 from typing import Iterator, List, Optional
 
 from .._atomic import atomic_write
@@ -176,8 +177,12 @@ def doctor(
     try:
         with prof:
             yield prof
-    except StopRun:
-        pass
+    except StopRun as e:
+        # The stopped frames never resume: their locals are freed now, before the report's
+        # probes run. Kept by this traceback, the demo's loader iterator and its two worker
+        # processes, still decoding the batches they prefetch, ran beside the probe and moved
+        # its bf16 ratio from 0.69 to 0.79.
+        traceback.clear_frames(e.__traceback__)
     finally:
         finish()
 

@@ -148,6 +148,8 @@ class _Loader:
 
 
 def _loader_info(loader: Any) -> Optional[_Loader]:
+    if isinstance(loader, _Loader):  # the record of a loader that is gone
+        return loader
     prefetch = False
     for _ in range(4):  # DevicePrefetcher(DataLoader(...)): look through the prefetcher
         if type(loader).__name__ == "DevicePrefetcher" and hasattr(loader, "iterable"):

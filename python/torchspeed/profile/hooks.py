@@ -9,6 +9,7 @@ DISCOVERY_STEPS steps are left off after them.
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import warnings
@@ -87,6 +88,10 @@ class _WeakSet:
     def items(self) -> List[Any]:
         return [o for o in (r() for r in self._refs.values()) if o is not None]
 
+    def dead_keys(self) -> List[int]:
+        """The keys (ids at add time) of the objects that are gone."""
+        return [k for k, r in self._refs.items() if r() is None]
+
 
 def _bf16_capable_cpu() -> bool:
     try:
@@ -127,6 +132,9 @@ class TorchHooks:
         self.models = _WeakSet()
         self.optimizers = _WeakSet()
         self.loaders = _WeakSet()
+        # What the rules read off each loader, for the loaders gone by the report (the loop that
+        # held them ended, or its frames were freed when --steps stopped the script).
+        self.loader_records: Dict[int, Any] = {}
         # The most loader workers seen at once: the loaders may be gone when the rules run.
         self.loader_workers = 0
         # The loader's CPU time per step (its worker processes and C++ threads, from /proc).
@@ -139,6 +147,11 @@ class TorchHooks:
         self.removed = False
         self.probe = bool(getattr(profiler, "probe", False))
         self._probes: Optional[Dict[str, float]] = None
+        # What the probes will measure, held from its first training step until they ran: a
+        # script that runs to its end has dropped its model and optimizer before the report
+        # (they are kept weakly everywhere else), and its estimates fell back to planning
+        # figures. Only on the CPU (where the probes run) and only with probes on.
+        self._probe_subjects: List[Any] = []
         self.depth = 0
         self.fwd_host_ns = 0
         self.fwd_calls_in_discovery = 0
@@ -241,6 +254,8 @@ class TorchHooks:
                 self.input_specs[id(module)] = [
                     (tuple(a.shape), a.dtype) for a in args if isinstance(a, torch.Tensor)
                 ]
+                if self.input_specs[id(module)]:
+                    self._hold_for_probe(module, module.parameters())
         self._fwd_t0 = _P.now_ns()
         _ranges._enter(_NAMES["forward"], _IDS["forward"])
 
@@ -304,6 +319,8 @@ class TorchHooks:
             self.optimizers.add(opt)
             if self.primary_opt is None:
                 self.primary_opt = weakref.ref(opt)
+            if not type(opt).__module__.startswith("torchspeed."):
+                self._hold_for_probe(opt, (p for g in opt.param_groups for p in g["params"]))
             _ranges._enter(_NAMES["optimizer"], _IDS["optimizer"])
             if self.module_sampler is not None:
                 self.module_sampler.optimizer_enter()
@@ -596,15 +613,30 @@ class TorchHooks:
             print(f"torchspeed: no module attribution ({type(e).__name__}: {e})", file=sys.stderr)
             return None
 
+    def _hold_for_probe(self, obj: Any, params) -> None:
+        """Keeps the first model (with recorded inputs) and the first torch optimizer alive for
+        the probes, when they will run: probes on, parameters on the CPU."""
+        if not self.probe or self._probes is not None:
+            return
+        kind = isinstance(obj, nn.Module)
+        if any(isinstance(o, nn.Module) == kind for o in self._probe_subjects):
+            return
+        if all(p.device.type == "cpu" for p in params):
+            self._probe_subjects.append(obj)
+
     def _probe(self, models: List[Any], device_type: str) -> Dict[str, float]:
         """probe.py's measurements, once, on the CPU, after the hooks are gone (before, the
         probe's forwards would count as the script's steps): {} until then."""
         if self._probes is not None:
             return self._probes
-        if not self.removed or device_type != "cpu":
+        if not self.removed:
+            return {}
+        if device_type != "cpu":
+            self._probe_subjects = []
             return {}
         from .probe import probe_run
 
+        gc.collect()  # what the script dropped (a loader's worker processes) goes first
         model = next((m for m in models if self.input_specs.get(id(m))), None)
         spec = self.input_specs.get(id(model)) if model is not None else None
         try:
@@ -614,6 +646,7 @@ class TorchHooks:
                 f"torchspeed: the doctor's probes failed ({type(e).__name__}: {e})", file=sys.stderr
             )
             self._probes = {}
+        self._probe_subjects = []
         return self._probes
 
     def saw_loader(self, loader: Any) -> None:
@@ -624,6 +657,8 @@ class TorchHooks:
 
         self.loaders.add(loader)
         live = _loaders(RunFacts(loaders=[loader]))
+        if live and id(loader) not in self.loader_records:
+            self.loader_records[id(loader)] = live[0]
         workers = max((max(int(x.num_workers or 0), 0) for x in live), default=0)
         self.loader_workers = max(self.loader_workers, workers)
 
@@ -668,7 +703,10 @@ class TorchHooks:
             fixed_input_shapes=fixed,
             models=models,
             optimizers=self.optimizers.items(),
-            loaders=self.loaders.items(),
+            loaders=self.loaders.items()
+            + [
+                self.loader_records[k] for k in self.loaders.dead_keys() if k in self.loader_records
+            ],
             ddp=ddp,
             counters=counters,
             steps=self.prof.steps,

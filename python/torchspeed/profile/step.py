@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Deque, List, Optional, Tuple
+from typing import Any, Deque, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -323,19 +323,17 @@ class StepProfiler:
             steps_dropped=h["steps_dropped"],
         )
 
-    def summary(self, gather: bool = True) -> StepSummary:
-        """Median/p90/share per phase over the kept steps after ``warmup``. In a distributed run
-        (torch.distributed initialized) with ``gather``, every rank must call it: rank 0's summary
-        then lists every rank's (``ranks``)."""
+    def summary(self, gather: bool = True, exclude: Sequence[int] = ()) -> StepSummary:
+        """Median/p90/share per phase over the kept steps after ``warmup``, less the steps
+        ``exclude`` names (numbered from the run's first, as ``steps_taken`` counts them). In a
+        distributed run (torch.distributed initialized) with ``gather``, every rank must call it:
+        rank 0's summary then lists every rank's (``ranks``)."""
         skip = self.warmup
         if self._hooks is not None and self._hooks.steps_switched_at:
             # Steps a backward-driven guess recorded before the first optimizer step.
             skip = max(skip, self._hooks.steps_switched_at)
         history = self.history()
-        drop = list(self.excluded_steps)
-        if self._hooks is not None and self._hooks.module_sampler is not None:
-            # The step torch.profiler recorded runs several times slower: not a typical step.
-            drop += self._hooks.module_sampler.perturbed_steps()
+        drop = self.left_out_steps() + list(exclude)
         if drop:
             history = without_steps(history, drop)
         s = summarize(history, skip_first=skip)
@@ -343,6 +341,15 @@ class StepProfiler:
         if gather:
             gather_summaries(s)
         return s
+
+    def left_out_steps(self) -> List[int]:
+        """The steps summary() leaves out besides the warm-up (numbered from the run's first):
+        ``excluded_steps``, and the step torch.profiler recorded (it runs several times slower:
+        not a typical step)."""
+        drop = list(self.excluded_steps)
+        if self._hooks is not None and self._hooks.module_sampler is not None:
+            drop += self._hooks.module_sampler.perturbed_steps()
+        return drop
 
     def facts(self) -> RunFacts:
         """What the hooks saw (models, optimizers, loaders, counters); defaults without hooks."""

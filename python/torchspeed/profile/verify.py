@@ -13,7 +13,9 @@ import contextlib
 import dataclasses
 import math
 import os
+import random
 import statistics
+import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -39,6 +41,9 @@ class VerifyRow:
     compile_s: Optional[float] = None
     #: Why torch.compile failed in the trial ("" when it did not): the row then measures eager.
     compile_error: str = ""
+    #: Measured on every other step of its run (Alternating): the gains are the other steps'
+    #: medians minus the fix's steps', side by side under the same load.
+    paired: bool = False
 
 
 #: format_rows says the check is noisy when the runs as the script is differ by more than this.
@@ -46,6 +51,9 @@ BASELINE_SPREAD = 1.3
 #: est/meas is printed only for a measured gain of at least this (the table's 0.1 ms): a run
 #: measured 0.0 ms for torch.compile and the ratio read 554.31.
 MIN_RATIO_GAIN_S = 1e-4
+
+#: The phases column of a fix measured in its steps' CPU time (Alternating.cpu_halves).
+CPU_TIME = "cpu time"
 
 #: The phases each fix acts on: its estimate is about their time.
 PHASES_OF = {
@@ -106,13 +114,14 @@ def _global_forward_hooks(pre, post) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def autocast_bf16() -> Iterator[None]:
-    """torch.autocast(bfloat16) around every outermost module forward."""
+def autocast_bf16(when: Optional[Callable[[], bool]] = None) -> Iterator[None]:
+    """torch.autocast(bfloat16) around every outermost module forward (for which ``when()`` is
+    true, when given)."""
 
     state = {"depth": 0, "ctx": None}
 
     def pre(module, args):
-        if state["depth"] == 0:
+        if state["depth"] == 0 and (when is None or when()):
             p = next(module.parameters(), None)
             dev = p.device.type if p is not None else "cpu"
             state["ctx"] = torch.autocast(dev, dtype=torch.bfloat16)
@@ -127,6 +136,125 @@ def autocast_bf16() -> Iterator[None]:
 
     with _global_forward_hooks(pre, post):
         yield
+
+
+class Alternating:
+    """A fix applied on one step of every two of one run, so that its steps and the steps
+    without it are measured side by side, under the same load: on a shared machine the speed
+    moves between runs a minute apart by more than a compute fix gains (the demo's
+    forward+backward moved 2-32 ms between runs of one fix). Which step of each pair gets the
+    fix is drawn at random: a strict odd/even order would beat in step with anything else of
+    period two (two loader workers take the batches in turn). ``make(when)`` makes the fix's
+    context, applying it where ``when()`` is true; ``also`` are contexts applied to the whole
+    run (the threads fix a compute fix is tried on top of).
+
+    Each step's forward+backward CPU time (this process's, all its threads: from the step's
+    first forward to its optimizer step, or to its end without one) is recorded too: with one
+    intra-op thread it is their compute, which preemption by other processes does not move (the
+    demo's forward+backward took 33-115 ms of wall time a step beside its loader workers, and
+    40-60 ms of CPU time). After the run, ``halves()`` gives the summaries of the steps without
+    the fix and with it, and ``cpu_halves()`` their forward+backward's median CPU seconds."""
+
+    def __init__(self, make: Callable[[Callable[[], bool]], Any], seed: Optional[int] = None):
+        self.make = make
+        self.also: List[Callable[[], Any]] = []
+        self.prof: Any = None
+        self._rng = random.Random(seed)
+        self._first_on: Dict[int, bool] = {}  # pair of steps -> whether its first has the fix
+        self._stack: Optional[contextlib.ExitStack] = None
+        self._cpu_ns: Dict[int, int] = {}  # step -> forward+backward's CPU time in it
+        self._fwd_at: Dict[int, int] = {}  # step -> the CPU clock at its first forward
+        self._opt_at: Dict[int, int] = {}  # step -> the CPU clock at its optimizer step
+        self.threads: set = set()  # torch's intra-op threads seen at the steps' forwards
+
+    def applied_at(self, step: int) -> bool:
+        """Whether the fix is applied on the step (numbered from the run's first)."""
+        pair = step // 2
+        if pair not in self._first_on:
+            self._first_on[pair] = self._rng.random() < 0.5
+        return (step % 2 == 0) == self._first_on[pair]
+
+    def _step_done(self, prof: Any) -> None:
+        step = prof.steps_taken - 1
+        if step in self._fwd_at:
+            end = self._opt_at.get(step, time.process_time_ns())
+            self._cpu_ns[step] = end - self._fwd_at[step]
+
+    def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if self.prof is not None:
+            self._opt_at.setdefault(self.prof.steps_taken, time.process_time_ns())
+
+    def on(self) -> bool:
+        """Whether the step in progress is one of the fix's."""
+        from .hooks import _active_hooks
+
+        if not _active_hooks:
+            return False
+        prof = _active_hooks[-1].prof
+        if prof is not self.prof:
+            self.prof = prof
+            # Before the doctor's own callback, which ends the run at its last step.
+            prof._on_step.insert(0, self._step_done)
+        self.threads.add(torch.get_num_threads())
+        self._fwd_at.setdefault(prof.steps_taken, time.process_time_ns())
+        return self.applied_at(prof.steps_taken)
+
+    def _sides(self) -> Optional[Tuple[List[int], List[int]]]:
+        prof = self.prof
+        if prof is None or prof.steps_taken < 4:
+            return None
+        steps = range(prof.steps_taken + 1)
+        return (
+            [i for i in steps if not self.applied_at(i)],
+            [i for i in steps if self.applied_at(i)],
+        )
+
+    def halves(self) -> Optional[tuple]:
+        """(summary of the steps without the fix, summary of the steps with it), each leaving
+        out its first step as warm-up; None when the run took fewer than 4 steps."""
+        sides = self._sides()
+        if sides is None:
+            return None
+        off, on = sides
+        return self.prof.summary(gather=False, exclude=on), self.prof.summary(
+            gather=False, exclude=off
+        )
+
+    def cpu_halves(self) -> Optional[Tuple[float, float]]:
+        """Forward+backward's median CPU seconds in the steps without the fix and with it (the
+        steps halves() keeps); None when the run took fewer than 4 steps or used more than one
+        intra-op thread (its threads' spin-waits then count as CPU time, and preemption moves
+        them)."""
+        sides = self._sides()
+        if sides is None or self.threads != {1}:
+            return None
+        left_out = set(self.prof.left_out_steps())
+        medians = []
+        for side in sides:
+            kept = [i for i in side if i not in left_out and i in self._cpu_ns]
+            kept = kept[self.prof.warmup :]
+            if not kept:
+                return None
+            medians.append(statistics.median(self._cpu_ns[i] for i in kept) / 1e9)
+        return medians[0], medians[1]
+
+    def __enter__(self) -> Alternating:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self.prof = None
+        self._cpu_ns, self._fwd_at, self._opt_at, self.threads = {}, {}, {}, set()
+        self._stack = contextlib.ExitStack()
+        for make in self.also:
+            self._stack.enter_context(make())
+        self._stack.enter_context(self.make(self.on))
+        self._stack.callback(register_optimizer_step_pre_hook(self._opt_pre).remove)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._stack.close()
+        if self.prof is not None and self._step_done in self.prof._on_step:
+            self.prof._on_step.remove(self._step_done)
+        return False
 
 
 _TORCH_TO_TORCHSPEED = ("SGD", "Adam", "AdamW")
@@ -398,13 +526,20 @@ def _fixes(findings: List[Finding], facts: Any) -> List[tuple]:
     probes = getattr(facts, "probes", None) or {}
     out = []
     if "amp" in rules:
-        out.append(("bf16 autocast", "amp", autocast_bf16, True))
+        out.append(("bf16 autocast", "amp", lambda: Alternating(autocast_bf16), True))
     elif "amp_not_advised" in rules or (
         "bf16" in probes and not getattr(facts, "autocast_used", False)
     ):
         # Measured by the probe but not advised (slower, or forward+backward too small a part
         # of the step for the rule): tried, so the measurement shows.
-        out.append(("bf16 autocast (not advised)", "amp_not_advised", autocast_bf16, False))
+        out.append(
+            (
+                "bf16 autocast (not advised)",
+                "amp_not_advised",
+                lambda: Alternating(autocast_bf16),
+                False,
+            )
+        )
     if "channels_last" in rules or (
         getattr(facts, "device_type", "cpu") == "cpu"
         and (_nchw_convs(facts) or probes.get("nchw_convs"))
@@ -454,6 +589,14 @@ def _fixes(findings: List[Finding], facts: Any) -> List[tuple]:
 _STACKED = ("amp", "amp_not_advised", "channels_last", "compile")
 
 
+@contextlib.contextmanager
+def _together(*makes: Callable[[], Any]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for make in makes:
+            stack.enter_context(make())
+        yield
+
+
 def _stacked_on_threads(fixes: List[tuple]) -> List[tuple]:
     """The fixes with cpu_threads first and the compute fixes run under it, when it applies."""
     threads = [f for f in fixes if f[1] == "cpu_threads"]
@@ -466,10 +609,12 @@ def _stacked_on_threads(fixes: List[tuple]) -> List[tuple]:
             continue
         if rule in _STACKED:
 
-            @contextlib.contextmanager
             def both(make=make):
-                with make_t(), make():
-                    yield
+                fix = make()
+                if isinstance(fix, Alternating):
+                    fix.also.append(make_t)
+                    return fix
+                return _together(make_t, lambda: fix)
 
             out.append((f"{name} + {name_t}", rule, both, advised))
         else:
@@ -484,6 +629,16 @@ def _drift(losses: List[float], base_losses: List[float]) -> Optional[float]:
         return None
     drift = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses[:n], base_losses[:n]))
     return drift if math.isfinite(drift) else float("inf")
+
+
+def _cpu_ratios(facts: Any) -> Dict[str, float]:
+    """The probe's ratios of the fixes an Alternating run measures in CPU time (forward+backward
+    under the fix / in float32, one thread): their estimate there is the run's own
+    forward+backward CPU time without the fix times (1 - the ratio)."""
+    probes = getattr(facts, "probes", None) or {}
+    if "bf16" not in probes:
+        return {}
+    return {"amp": probes["bf16"], "amp_not_advised": probes["bf16"]}
 
 
 def _phase_median(summary: Any, phases: Tuple[str, ...]) -> float:
@@ -516,10 +671,18 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
     trials: List[list] = []  # [round][fix] -> (summary, losses, ...)
     compile_s: Dict[int, float] = {}  # fix -> the first round's compile time
     compile_error: Dict[int, str] = {}  # fix -> why torch.compile failed (any round)
+    paired: Dict[tuple, tuple] = {}  # (round, fix) -> an Alternating run's halves
+    cpu: Dict[tuple, tuple] = {}  # (round, fix) -> its halves' median CPU seconds
 
-    def trial(i: int, make: Callable) -> tuple:
+    def trial(r: int, i: int, make: Callable) -> tuple:
         last_compile.clear()
-        out = run_steps(make(), False)
+        ctx = make()
+        out = run_steps(ctx, False)
+        halves = ctx.halves() if isinstance(ctx, Alternating) else None
+        if halves is not None:
+            paired[(r, i)] = halves
+            if ctx.cpu_halves() is not None:
+                cpu[(r, i)] = ctx.cpu_halves()
         if "compile_s" in last_compile and i not in compile_s:
             compile_s[i] = last_compile["compile_s"]
         if last_compile.get("error"):
@@ -529,18 +692,26 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
     for r in range(max(1, rounds)):
         if r:
             bases.append(run_steps(contextlib.nullcontext(), False)[0])
-        trials.append([trial(i, make) for i, (_, _, make, _) in enumerate(fixes)])
+        trials.append([trial(r, i, make) for i, (_, _, make, _) in enumerate(fixes)])
     bases.append(run_steps(contextlib.nullcontext(), False)[0])
     threads_i = next((i for i, f in enumerate(fixes) if f[1] == "cpu_threads"), None)
     rows = [VerifyRow("as the script is", "", None, base.step_median_s, 0.0, 0.0)]
+    cpu_ratio = _cpu_ratios(facts)
     for i, (name, rule, _, advised) in enumerate(fixes):
         phases = PHASES_OF.get(rule, ())
+        on_cpu = rule in cpu_ratio and all((r, i) in cpu for r in range(len(trials)))
         stacked = threads_i is not None and rule in _STACKED
         steps, gains, phase_gains, est = [], [], [], estimates.get(rule)
         t0s, t1s = [], []
         for r, round_trials in enumerate(trials):
             s = round_trials[i][0]
-            if stacked:
+            if (r, i) in paired:
+                # Every other step: against the run's own steps without the fix.
+                ref, s = paired[(r, i)]
+                before_s, before_p = ref.step_median_s, _phase_median(ref, phases)
+                t1s.append(before_p)
+                t0s.append(0.5 * sum(_phase_median(b, phases) for b in bases[r : r + 2]))
+            elif stacked:
                 # Tried on top of the threads fix: measured against that run of the round.
                 ref = round_trials[threads_i][0]
                 before_s, before_p = ref.step_median_s, _phase_median(ref, phases)
@@ -552,8 +723,16 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
             steps.append(s.step_median_s)
             gains.append(before_s - s.step_median_s)
             phase_gains.append(before_p - _phase_median(s, phases))
-        if stacked and est is not None:
-            # The estimate is a ratio of forward+backward: applied to the threads run's.
+        if on_cpu:
+            # One intra-op thread, every other step: forward+backward's CPU time with the fix
+            # against the other steps', beside the probe's ratio applied to the latter.
+            off_cpu = [cpu[(r, i)][0] for r in range(len(trials))]
+            phases = (CPU_TIME,)
+            est = statistics.median(off_cpu) * (1.0 - cpu_ratio[rule])
+            phase_gains = [cpu[(r, i)][0] - cpu[(r, i)][1] for r in range(len(trials))]
+        elif t1s and est is not None:
+            # The estimate is a ratio of forward+backward: applied to the threads run's, or to
+            # the steps without the fix of an every-other-step run.
             t0, t1 = statistics.median(t0s), statistics.median(t1s)
             est = est * t1 / t0 if t0 > 0 else None
         rows.append(
@@ -569,6 +748,7 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
                 advised,
                 compile_s.get(i),
                 compile_error.get(i, ""),
+                any((r, i) in paired for r in range(len(trials))),
             )
         )
     rows.append(VerifyRow("as the script is, again", "", None, bases[-1].step_median_s, 0.0, 0.0))
@@ -615,6 +795,19 @@ def format_rows(rows: List[VerifyRow], steps: int, rounds: int = 1) -> str:
             + (", or with --verify-rounds 3" if rounds == 1 else "")
         )
     for r in rows:
+        if r.paired:
+            lines.append(
+                f"  {r.fix}: applied on one step of every two of its run (drawn at random), its "
+                "gains against that run's other steps (side by side, under the same load)"
+                + (
+                    "; its phase gain is the drop of forward+backward's CPU time (this "
+                    "process's, on one torch thread: time taken by other processes does not "
+                    "count), its estimate that CPU time in the other steps x (1 - the probe's "
+                    "ratio)"
+                    if r.phases == (CPU_TIME,)
+                    else ""
+                )
+            )
         if r.compile_error:
             lines.append(
                 f"  {r.fix}: torch.compile failed ({r.compile_error}); the run went on eagerly, "

@@ -3,6 +3,7 @@ applied from outside; each fix's measured gain beside its estimate and the loss 
 
 import contextlib
 import textwrap
+import time
 
 import pytest
 import torch
@@ -66,7 +67,10 @@ def test_verify_measures_each_applicable_fix_beside_its_estimate(tmp_path, monke
     # AMX CPU), else shown as "(not advised)" with the measurement behind that.
     amp = [r for r in rows if r.rule in ("amp", "amp_not_advised")]
     assert len(amp) == 1 and amp[0].advised == (amp[0].rule == "amp"), amp
-    assert amp[0].phases == ("forward", "backward") and amp[0].estimated_gain_s is not None
+    # On one step of each pair of its run, against the others: in their CPU time where torch
+    # runs one intra-op thread (an earlier test may have set it), else forward+backward's.
+    want = (verify.CPU_TIME,) if torch.get_num_threads() == 1 else ("forward", "backward")
+    assert amp[0].paired and amp[0].phases == want and amp[0].estimated_gain_s is not None
     # clip_grad_norm_ + torch's AdamW: torchspeed's AdamW with the clip folded in; same math,
     # so the loss hardly drifts (the fused step rounds differently: well under 0.1 %).
     opt_row = by_fix["torchspeed optimizer + max_grad_norm"]
@@ -230,6 +234,132 @@ def test_compute_fixes_are_tried_on_top_of_the_threads_fix(monkeypatch):
     assert amp.phase_gain_s == pytest.approx(0.040 - 0.025)  # against the threads run
     assert amp.measured_gain_s == pytest.approx(0.050 - 0.035)
     assert amp.estimated_gain_s == pytest.approx(0.04 * 0.040 / 0.080)  # scaled to 40 ms
+
+
+def test_alternating_applies_the_fix_on_one_step_of_each_pair_drawn_at_random():
+    """bf16 autocast on one step of every two, the step of each pair drawn (a strict odd/even
+    order beats in step with two loader workers taking batches in turn); halves() splits the
+    run's steps into those without the fix and those with it."""
+    import io
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    dtypes = []
+    fix = verify.Alternating(verify.autocast_bf16, seed=1)
+    with fix, _doctor.doctor(out=None, progress=False, file=io.StringIO(), probe=False) as prof:
+        for _ in range(16):
+            out = model(torch.randn(4, 8))
+            dtypes.append(out.dtype)
+            out.float().square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    on = [fix.applied_at(i) for i in range(16)]
+    assert [d == torch.bfloat16 for d in dtypes] == on
+    assert all(on[2 * k] != on[2 * k + 1] for k in range(8))
+    assert on != [i % 2 == 1 for i in range(16)] and on != [i % 2 == 0 for i in range(16)]
+    off_s, on_s = fix.halves()
+    # Each half less its first step (warm-up): one step fewer than the run's summary has (it
+    # leaves out the first step, and the step torch.profiler recorded, as the halves do).
+    assert off_s.steps + on_s.steps == prof.summary(gather=False).steps - 1
+    assert min(off_s.steps, on_s.steps) >= 5 and prof.steps == 16
+    _assert_hooks_removed()
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_a_paired_fix_is_measured_against_its_own_runs_other_steps(monkeypatch):
+    """An Alternating fix's gains are its run's steps without it minus its steps, whatever the
+    runs as the script is around it took (the machine's speed moved between runs); its estimate
+    is scaled to those other steps' forward+backward."""
+    from test_advice import make_summary
+
+    from torchspeed.profile.summary import Finding, RunFacts
+
+    base = make_summary(0.100, {"forward": 0.040, "backward": 0.040})  # fwd+bwd 80 ms
+    slow = make_summary(0.300, {"forward": 0.120, "backward": 0.120})  # a disturbed run
+    off = make_summary(0.120, {"forward": 0.050, "backward": 0.050})  # fwd+bwd 100 ms
+    on = make_summary(0.090, {"forward": 0.035, "backward": 0.035})  # 70 ms
+    found = [Finding("amp", "warning", "t", "f", est_step_s=0.07, est_gain_s=0.024)]
+    monkeypatch.setattr(verify.Alternating, "halves", lambda self: (off, on))
+    runs = iter([base, on, slow])
+
+    def run_steps(ctx, advise):
+        with ctx:
+            s = next(runs)
+        return (s, [1.0], found, RunFacts()) if advise else (s, [1.0], [], None)
+
+    rows = {r.fix: r for r in verify.verify(run_steps)}
+    amp = rows["bf16 autocast"]
+    assert amp.paired
+    assert amp.step_median_s == pytest.approx(0.090)
+    assert amp.measured_gain_s == pytest.approx(0.030)  # 120 - 90 ms, not against 100 / 300
+    assert amp.phase_gain_s == pytest.approx(0.030)  # 100 - 70 ms
+    # The estimate (24 ms of the 80 ms forward+backward: x0.7) scaled to the other steps' 100 ms.
+    assert amp.estimated_gain_s == pytest.approx(0.024 * 0.100 / ((0.080 + 0.240) / 2))
+    assert "every two of its run" in verify.format_rows(list(rows.values()), 8)
+
+
+def test_alternating_records_each_steps_cpu_time_on_one_torch_thread():
+    """Steps whose work is known: the fix's steps spin 20 ms of CPU more in their forward. On one
+    torch thread the halves' CPU medians show it (forward to the optimizer step: the 10 ms the
+    data fetch spins before each forward does not count); on two, CPU time is no measure
+    (spin-waits) and none is given."""
+    import io
+
+    def busy(when):
+        def pre(module, args):
+            if when():
+                t0 = time.process_time()
+                while time.process_time() - t0 < 0.02:
+                    pass
+
+        return verify._global_forward_hooks(pre, lambda *a: None)
+
+    def run(threads):
+        model = nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        fix = verify.Alternating(busy, seed=2)
+        fix.also.append(lambda: verify.torch_threads(threads))
+        with fix, _doctor.doctor(out=None, progress=False, file=io.StringIO(), probe=False):
+            for _ in range(12):
+                t0 = time.process_time()
+                while time.process_time() - t0 < 0.01:  # the batch's fetch: not forward's
+                    pass
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        return fix.cpu_halves()
+
+    off, on = run(1)
+    assert on - off == pytest.approx(0.02, abs=0.005), (off, on)
+    assert off < 0.005, off  # a tiny Linear's forward+backward, no fetch
+    assert run(2) is None
+
+
+def test_a_paired_fix_on_one_thread_is_checked_in_cpu_time(monkeypatch):
+    """On one torch thread the bf16 row's phase gain is the drop of forward+backward's CPU time,
+    and its estimate that CPU time in the run's steps without the fix x (1 - the probed ratio)."""
+    from test_advice import make_summary
+
+    from torchspeed.profile.summary import Finding, RunFacts
+
+    s = make_summary(0.100, {"forward": 0.040, "backward": 0.040})
+    found = [Finding("amp", "warning", "t", "f", est_step_s=0.07, est_gain_s=0.024)]
+    facts = RunFacts(probes={"bf16": 0.75, "fp32_s": 0.048})
+    monkeypatch.setattr(verify.Alternating, "halves", lambda self: (s, s))
+    monkeypatch.setattr(verify.Alternating, "cpu_halves", lambda self: (0.055, 0.041))
+
+    def run_steps(ctx, advise):
+        with ctx:
+            pass
+        return (s, [1.0], found, facts) if advise else (s, [1.0], [], None)
+
+    amp = {r.fix: r for r in verify.verify(run_steps)}["bf16 autocast"]
+    assert amp.phases == (verify.CPU_TIME,) and amp.paired
+    assert amp.phase_gain_s == pytest.approx(0.014)
+    assert amp.estimated_gain_s == pytest.approx(0.055 * 0.25)
+    text = verify.format_rows([amp], 8)
+    assert "cpu time" in text and "drop of forward+backward's CPU time" in text
 
 
 def test_rounds_take_the_median_gain_against_the_runs_around_each_round(monkeypatch):

@@ -263,3 +263,92 @@ def test_probe_skips_what_it_cannot_measure():
     opt.param_groups[0]["capturable"] = True
     fused_s, own_s = probe.probe_fused_optimizer(opt)
     assert fused_s > 0 and own_s is None
+
+
+_TO_THE_END = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+def main():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(8, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(4, 3, 16, 16), torch.arange(4)
+    for _ in range(6):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step(); opt.zero_grad()
+main()
+"""
+
+
+def test_a_script_that_runs_to_its_end_gets_measured_estimates(tmp_path, monkeypatch):
+    """The model and optimizer are locals of the script's main(): gone when the script ends,
+    before the report. The doctor keeps them (the first of each) until its probes ran, then lets
+    them go: the report had fallen back to planning figures for every script run to its end."""
+    import gc
+    import io
+
+    from torchspeed.profile import _doctor
+
+    script = tmp_path / "train.py"
+    script.write_text(_TO_THE_END)
+    monkeypatch.chdir(tmp_path)
+    argv = _doctor.check_command(["python", str(script)])
+    with _doctor.doctor(out=None, progress=False, file=io.StringIO()) as prof:
+        _doctor._execute(argv)
+    probes = prof.facts().probes  # the report's: the doctor probed as it reported
+    assert {"bf16", "channels_last", "fused_optimizer_s", "own_optimizer_s"} <= set(probes)
+    # Released once probed: the model the doctor saw is gone.
+    gc.collect()
+    assert not prof._hooks._probe_subjects and not prof._hooks.models.items()
+    assert prof._hooks.models.dead_keys() and prof._hooks.optimizers.dead_keys()
+    # Without probes nothing is held: the model goes with the script, as without the doctor.
+    with _doctor.doctor(out=None, progress=False, file=io.StringIO(), probe=False) as prof:
+        _doctor._execute(argv)
+    gc.collect()
+    assert not prof._hooks._probe_subjects and not prof._hooks.models.items()
+
+
+_STOPPED = """
+import torch
+from torch import nn
+def main():
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [(torch.randn(8), i % 2) for i in range(64)]
+    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=1, persistent_workers=True)
+    for x, y in loader:
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step(); opt.zero_grad()
+main()
+"""
+
+
+def test_the_probes_of_a_script_stopped_at_its_step_limit_run_without_its_loader_workers(
+    tmp_path, monkeypatch
+):
+    """--steps N stops the script mid-loop: its frames, the loader and its persistent worker
+    processes with them, were kept by the traceback until after the report, and the workers,
+    decoding the batches they prefetch, took the cores beside the probe (the demo's did). The
+    loader's facts stay (the report still reads its num_workers)."""
+    import io
+    import multiprocessing
+
+    from torchspeed.profile import _doctor
+
+    script = tmp_path / "train.py"
+    script.write_text(_STOPPED)
+    monkeypatch.chdir(tmp_path)
+    children = []
+    real = probe.probe_run
+
+    def spy(*args, **kwargs):
+        children.append(len(multiprocessing.active_children()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probe, "probe_run", spy)
+    argv = _doctor.check_command(["python", str(script)])
+    with _doctor.doctor(steps=3, out=None, progress=False, file=io.StringIO()) as prof:
+        _doctor._execute(argv)
+    assert children == [0]
+    assert prof.facts().loaders and prof._hooks.loader_workers == 1
