@@ -179,9 +179,8 @@ def doctor(
             yield prof
     except StopRun as e:
         # The stopped frames never resume: their locals are freed now, before the report's
-        # probes run. Kept by this traceback, the demo's loader iterator and its two worker
-        # processes, still decoding the batches they prefetch, ran beside the probe and moved
-        # its bf16 ratio from 0.69 to 0.79.
+        # probes run. Kept by this traceback, the demo's loader and its two persistent worker
+        # processes, still decoding the batches they prefetch, ran beside the probe.
         traceback.clear_frames(e.__traceback__)
     finally:
         finish()

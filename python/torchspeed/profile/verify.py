@@ -177,7 +177,9 @@ class Alternating:
     def _step_done(self, prof: Any) -> None:
         step = prof.steps_taken - 1
         if step in self._fwd_at:
-            end = self._opt_at.get(step, time.process_time_ns())
+            end = self._opt_at.get(step)
+            if end is None or end < self._fwd_at[step]:  # no optimizer, or an LBFGS closure's
+                end = time.process_time_ns()
             self._cpu_ns[step] = end - self._fwd_at[step]
 
     def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:

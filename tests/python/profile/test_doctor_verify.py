@@ -315,9 +315,20 @@ def test_alternating_records_each_steps_cpu_time_on_one_torch_thread():
 
         return verify._global_forward_hooks(pre, lambda *a: None)
 
-    def run(threads):
+    def run(threads, lbfgs=False):
         model = nn.Linear(8, 8)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        if lbfgs:  # the forward runs inside the optimizer step (its closure)
+            opt = torch.optim.LBFGS(model.parameters(), lr=0.01, max_iter=1)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(4, 8)
+
+        def closure():
+            opt.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            return loss
+
         fix = verify.Alternating(busy, seed=2)
         fix.also.append(lambda: verify.torch_threads(threads))
         with fix, _doctor.doctor(out=None, progress=False, file=io.StringIO(), probe=False):
@@ -325,14 +336,17 @@ def test_alternating_records_each_steps_cpu_time_on_one_torch_thread():
                 t0 = time.process_time()
                 while time.process_time() - t0 < 0.01:  # the batch's fetch: not forward's
                     pass
-                model(torch.randn(4, 8)).sum().backward()
-                opt.step()
-                opt.zero_grad()
+                if lbfgs:
+                    opt.step(closure)
+                else:
+                    closure()
+                    opt.step()
         return fix.cpu_halves()
 
-    off, on = run(1)
-    assert on - off == pytest.approx(0.02, abs=0.005), (off, on)
-    assert off < 0.005, off  # a tiny Linear's forward+backward, no fetch
+    for lbfgs in (False, True):
+        off, on = run(1, lbfgs)
+        assert on - off == pytest.approx(0.02, abs=0.005), (lbfgs, off, on)
+        assert 0 < off < 0.005, (lbfgs, off)  # a tiny Linear's forward+backward, no fetch
     assert run(2) is None
 
 
