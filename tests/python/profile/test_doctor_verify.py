@@ -294,8 +294,9 @@ def test_a_paired_fix_is_measured_against_its_own_runs_other_steps(monkeypatch):
     assert amp.step_median_s == pytest.approx(0.090)
     assert amp.measured_gain_s == pytest.approx(0.030)  # 120 - 90 ms, not against 100 / 300
     assert amp.phase_gain_s == pytest.approx(0.030)  # 100 - 70 ms
-    # The estimate (24 ms of the 80 ms forward+backward: x0.7) scaled to the other steps' 100 ms.
-    assert amp.estimated_gain_s == pytest.approx(0.024 * 0.100 / ((0.080 + 0.240) / 2))
+    # The estimate (24 ms of the first run's 80 ms forward+backward: x0.7) applied to the other
+    # steps' 100 ms.
+    assert amp.estimated_gain_s == pytest.approx(0.024 * 0.100 / 0.080)
     assert "every two of its run" in verify.format_rows(list(rows.values()), 8)
 
 
@@ -374,6 +375,37 @@ def test_a_paired_fix_on_one_thread_is_checked_in_cpu_time(monkeypatch):
     assert amp.estimated_gain_s == pytest.approx(0.055 * 0.25)
     text = verify.format_rows([amp], 8)
     assert "cpu time" in text and "drop of forward+backward's CPU time" in text
+
+
+@pytest.mark.parametrize("ratio_probed", [True, False])
+def test_a_ratio_estimate_applies_to_the_runs_the_fix_is_measured_against(ratio_probed):
+    """The optimizer's estimate is the first run's optimizer phase x (1 - torchspeed's step / the
+    script's own): the same ratio of the runs as the script is around the trial. The demo's
+    optimizer step is bimodal (2 or 6 ms a step), and the first run's median landed on either
+    mode. Without the script's own step probed, the estimate is no ratio and stays."""
+    from test_advice import make_summary
+
+    from torchspeed.profile.summary import Finding, RunFacts
+
+    def summ(opt_s):
+        return make_summary(0.100, {"forward": 0.040, "backward": 0.040, "optimizer": opt_s})
+
+    probes = {"fused_optimizer_s": 0.001}
+    if ratio_probed:
+        probes["own_optimizer_s"] = 0.004
+    facts = RunFacts(probes=probes)
+    found = [Finding("optimizer", "warning", "t", "f", est_step_s=0.0985, est_gain_s=0.0015)]
+    runs = iter([summ(0.002), summ(0.001), summ(0.006)])  # as is, the fix, as is again
+
+    def run_steps(ctx, advise):
+        with ctx:
+            s = next(runs)
+        return (s, [1.0], found, facts) if advise else (s, [1.0], [], None)
+
+    row = next(r for r in verify.verify(run_steps) if r.rule == "optimizer")
+    assert row.phase_gain_s == pytest.approx(0.004 - 0.001)  # the mean of 2 and 6 ms, less 1
+    want = 0.0015 * 0.004 / 0.002 if ratio_probed else 0.0015
+    assert row.estimated_gain_s == pytest.approx(want)
 
 
 def test_rounds_take_the_median_gain_against_the_runs_around_each_round(monkeypatch):
