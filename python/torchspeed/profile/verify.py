@@ -138,6 +138,85 @@ def autocast_bf16(when: Optional[Callable[[], bool]] = None) -> Iterator[None]:
         yield
 
 
+class StepCpu:
+    """Each step's forward+backward CPU time: this process's (all its threads), from the step's
+    first module forward to its optimizer step (to the step's end without one, or when the
+    forward runs inside the step: an LBFGS closure). With one intra-op thread it is their
+    compute, which preemption by other processes does not move: the demo's forward+backward
+    took 33-115 ms of wall time a step beside its loader workers, and 40-60 ms of CPU time.
+    Entered around a run (``forward_hook=False``: its owner calls ``seen()`` at each forward)."""
+
+    def __init__(self, forward_hook: bool = True):
+        self.forward_hook = forward_hook
+        self.prof: Any = None
+        self.threads: set = set()  # torch's intra-op threads seen at the forwards
+        self._cpu_ns: Dict[int, int] = {}  # step -> forward+backward's CPU time in it
+        self._fwd_at: Dict[int, int] = {}  # step -> the CPU clock at its first forward
+        self._opt_at: Dict[int, int] = {}  # step -> the CPU clock at its optimizer step
+        self._stack: Optional[contextlib.ExitStack] = None
+
+    def seen(self) -> Any:
+        """At a module forward: the running profiler (None outside one)."""
+        from .hooks import _active_hooks
+
+        if not _active_hooks:
+            return None
+        prof = _active_hooks[-1].prof
+        if prof is not self.prof:
+            self.prof = prof
+            # Before the doctor's own callback, which ends the run at its last step.
+            prof._on_step.insert(0, self._step_done)
+        self.threads.add(torch.get_num_threads())
+        self._fwd_at.setdefault(prof.steps_taken, time.process_time_ns())
+        return prof
+
+    def _pre(self, module: Any, args: Any) -> None:
+        if not torch.compiler.is_compiling():
+            self.seen()
+
+    def _step_done(self, prof: Any) -> None:
+        step = prof.steps_taken - 1
+        if step in self._fwd_at:
+            end = self._opt_at.get(step)
+            if end is None or end < self._fwd_at[step]:
+                end = time.process_time_ns()
+            self._cpu_ns[step] = end - self._fwd_at[step]
+
+    def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if self.prof is not None:
+            self._opt_at.setdefault(self.prof.steps_taken, time.process_time_ns())
+
+    def median_s(self, steps: Optional[List[int]] = None) -> Optional[float]:
+        """The median over ``steps`` (default: all) less those the run's summary leaves out and
+        the first (warm-up); None without one intra-op thread throughout (spin-waits of the
+        others then count as CPU time, and preemption moves them) or without such a step."""
+        prof = self.prof
+        if prof is None or self.threads != {1}:
+            return None
+        left_out = set(prof.left_out_steps())
+        kept = sorted(self._cpu_ns) if steps is None else steps
+        kept = [i for i in kept if i not in left_out and i in self._cpu_ns][prof.warmup :]
+        return statistics.median(self._cpu_ns[i] for i in kept) / 1e9 if kept else None
+
+    def __enter__(self) -> StepCpu:
+        from torch.nn.modules import module as mm
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self.prof, self.threads = None, set()
+        self._cpu_ns, self._fwd_at, self._opt_at = {}, {}, {}
+        self._stack = contextlib.ExitStack()
+        if self.forward_hook:
+            self._stack.callback(mm.register_module_forward_pre_hook(self._pre).remove)
+        self._stack.callback(register_optimizer_step_pre_hook(self._opt_pre).remove)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._stack.close()
+        if self.prof is not None and self._step_done in self.prof._on_step:
+            self.prof._on_step.remove(self._step_done)
+        return False
+
+
 class Alternating:
     """A fix applied on one step of every two of one run, so that its steps and the steps
     without it are measured side by side, under the same load: on a shared machine the speed
@@ -146,26 +225,21 @@ class Alternating:
     fix is drawn at random: a strict odd/even order would beat in step with anything else of
     period two (two loader workers take the batches in turn). ``make(when)`` makes the fix's
     context, applying it where ``when()`` is true; ``also`` are contexts applied to the whole
-    run (the threads fix a compute fix is tried on top of).
-
-    Each step's forward+backward CPU time (this process's, all its threads: from the step's
-    first forward to its optimizer step, or to its end without one) is recorded too: with one
-    intra-op thread it is their compute, which preemption by other processes does not move (the
-    demo's forward+backward took 33-115 ms of wall time a step beside its loader workers, and
-    40-60 ms of CPU time). After the run, ``halves()`` gives the summaries of the steps without
-    the fix and with it, and ``cpu_halves()`` their forward+backward's median CPU seconds."""
+    run (the threads fix a compute fix is tried on top of). After the run, ``halves()`` gives
+    the summaries of the steps without the fix and with it, and ``cpu_halves()`` their
+    forward+backward's median CPU seconds (StepCpu)."""
 
     def __init__(self, make: Callable[[Callable[[], bool]], Any], seed: Optional[int] = None):
         self.make = make
         self.also: List[Callable[[], Any]] = []
-        self.prof: Any = None
+        self.clock = StepCpu(forward_hook=False)
         self._rng = random.Random(seed)
         self._first_on: Dict[int, bool] = {}  # pair of steps -> whether its first has the fix
         self._stack: Optional[contextlib.ExitStack] = None
-        self._cpu_ns: Dict[int, int] = {}  # step -> forward+backward's CPU time in it
-        self._fwd_at: Dict[int, int] = {}  # step -> the CPU clock at its first forward
-        self._opt_at: Dict[int, int] = {}  # step -> the CPU clock at its optimizer step
-        self.threads: set = set()  # torch's intra-op threads seen at the steps' forwards
+
+    @property
+    def prof(self) -> Any:
+        return self.clock.prof
 
     def applied_at(self, step: int) -> bool:
         """Whether the fix is applied on the step (numbered from the run's first)."""
@@ -174,32 +248,10 @@ class Alternating:
             self._first_on[pair] = self._rng.random() < 0.5
         return (step % 2 == 0) == self._first_on[pair]
 
-    def _step_done(self, prof: Any) -> None:
-        step = prof.steps_taken - 1
-        if step in self._fwd_at:
-            end = self._opt_at.get(step)
-            if end is None or end < self._fwd_at[step]:  # no optimizer, or an LBFGS closure's
-                end = time.process_time_ns()
-            self._cpu_ns[step] = end - self._fwd_at[step]
-
-    def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
-        if self.prof is not None:
-            self._opt_at.setdefault(self.prof.steps_taken, time.process_time_ns())
-
     def on(self) -> bool:
         """Whether the step in progress is one of the fix's."""
-        from .hooks import _active_hooks
-
-        if not _active_hooks:
-            return False
-        prof = _active_hooks[-1].prof
-        if prof is not self.prof:
-            self.prof = prof
-            # Before the doctor's own callback, which ends the run at its last step.
-            prof._on_step.insert(0, self._step_done)
-        self.threads.add(torch.get_num_threads())
-        self._fwd_at.setdefault(prof.steps_taken, time.process_time_ns())
-        return self.applied_at(prof.steps_taken)
+        prof = self.clock.seen()
+        return prof is not None and self.applied_at(prof.steps_taken)
 
     def _sides(self) -> Optional[Tuple[List[int], List[int]]]:
         prof = self.prof
@@ -224,38 +276,24 @@ class Alternating:
 
     def cpu_halves(self) -> Optional[Tuple[float, float]]:
         """Forward+backward's median CPU seconds in the steps without the fix and with it (the
-        steps halves() keeps); None when the run took fewer than 4 steps or used more than one
-        intra-op thread (its threads' spin-waits then count as CPU time, and preemption moves
-        them)."""
+        steps halves() keeps); None when the run took fewer than 4 steps or did not run on one
+        intra-op thread (StepCpu.median_s)."""
         sides = self._sides()
-        if sides is None or self.threads != {1}:
+        if sides is None:
             return None
-        left_out = set(self.prof.left_out_steps())
-        medians = []
-        for side in sides:
-            kept = [i for i in side if i not in left_out and i in self._cpu_ns]
-            kept = kept[self.prof.warmup :]
-            if not kept:
-                return None
-            medians.append(statistics.median(self._cpu_ns[i] for i in kept) / 1e9)
-        return medians[0], medians[1]
+        off, on = (self.clock.median_s(side) for side in sides)
+        return None if off is None or on is None else (off, on)
 
     def __enter__(self) -> Alternating:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        self.prof = None
-        self._cpu_ns, self._fwd_at, self._opt_at, self.threads = {}, {}, {}, set()
         self._stack = contextlib.ExitStack()
+        self._stack.enter_context(self.clock)
         for make in self.also:
             self._stack.enter_context(make())
         self._stack.enter_context(self.make(self.on))
-        self._stack.callback(register_optimizer_step_pre_hook(self._opt_pre).remove)
         return self
 
     def __exit__(self, *exc) -> bool:
         self._stack.close()
-        if self.prof is not None and self._step_done in self.prof._on_step:
-            self.prof._on_step.remove(self._step_done)
         return False
 
 
@@ -647,16 +685,6 @@ def _scales_with_phase(rule: str, facts: Any) -> bool:
     return rule == "optimizer" and "own_optimizer_s" in probes
 
 
-def _cpu_ratios(facts: Any) -> Dict[str, float]:
-    """The probe's ratios of the fixes an Alternating run measures in CPU time (forward+backward
-    under the fix / in float32, one thread): their estimate there is the run's own
-    forward+backward CPU time without the fix times (1 - the ratio)."""
-    probes = getattr(facts, "probes", None) or {}
-    if "bf16" not in probes:
-        return {}
-    return {"amp": probes["bf16"], "amp_not_advised": probes["bf16"]}
-
-
 def _phase_median(summary: Any, phases: Tuple[str, ...]) -> float:
     if phases == ("step",):
         return summary.step_median_s
@@ -688,17 +716,26 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
     compile_s: Dict[int, float] = {}  # fix -> the first round's compile time
     compile_error: Dict[int, str] = {}  # fix -> why torch.compile failed (any round)
     paired: Dict[tuple, tuple] = {}  # (round, fix) -> an Alternating run's halves
-    cpu: Dict[tuple, tuple] = {}  # (round, fix) -> its halves' median CPU seconds
+    cpu: Dict[tuple, tuple] = {}  # (round, fix) -> its halves' forward+backward CPU seconds
+    cpu_runs: Dict[tuple, float] = {}  # (round, fix) -> a run's forward+backward CPU seconds
 
     def trial(r: int, i: int, make: Callable) -> tuple:
         last_compile.clear()
         ctx = make()
-        out = run_steps(ctx, False)
-        halves = ctx.halves() if isinstance(ctx, Alternating) else None
-        if halves is not None:
-            paired[(r, i)] = halves
-            if ctx.cpu_halves() is not None:
-                cpu[(r, i)] = ctx.cpu_halves()
+        if isinstance(ctx, Alternating):
+            out = run_steps(ctx, False)
+            halves = ctx.halves()
+            if halves is not None:
+                paired[(r, i)] = halves
+                both = ctx.cpu_halves()
+                if both is not None:
+                    cpu[(r, i)] = both
+        else:
+            clock = StepCpu()
+            out = run_steps(_together(lambda: clock, lambda: ctx), False)
+            median = clock.median_s()
+            if median is not None:
+                cpu_runs[(r, i)] = median
         if "compile_s" in last_compile and i not in compile_s:
             compile_s[i] = last_compile["compile_s"]
         if last_compile.get("error"):
@@ -712,23 +749,26 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
     bases.append(run_steps(contextlib.nullcontext(), False)[0])
     threads_i = next((i for i, f in enumerate(fixes) if f[1] == "cpu_threads"), None)
     rows = [VerifyRow("as the script is", "", None, base.step_median_s, 0.0, 0.0)]
-    cpu_ratio = _cpu_ratios(facts)
     for i, (name, rule, _, advised) in enumerate(fixes):
         phases = PHASES_OF.get(rule, ())
-        on_cpu = rule in cpu_ratio and all((r, i) in cpu for r in range(len(trials)))
         stacked = threads_i is not None and rule in _STACKED
         steps, gains, phase_gains, est = [], [], [], estimates.get(rule)
         refs = []  # per round: the phase time the fix's run is measured against
+        cpu_pairs = []  # per round: (the reference's forward+backward CPU seconds, the fix's)
         for r, round_trials in enumerate(trials):
             s = round_trials[i][0]
             if (r, i) in paired:
                 # Every other step: against the run's own steps without the fix.
                 ref, s = paired[(r, i)]
                 before_s, before_p = ref.step_median_s, _phase_median(ref, phases)
+                if (r, i) in cpu:
+                    cpu_pairs.append(cpu[(r, i)])
             elif stacked:
                 # Tried on top of the threads fix: measured against that run of the round.
                 ref = round_trials[threads_i][0]
                 before_s, before_p = ref.step_median_s, _phase_median(ref, phases)
+                if (r, threads_i) in cpu_runs and (r, i) in cpu_runs:
+                    cpu_pairs.append((cpu_runs[(r, threads_i)], cpu_runs[(r, i)]))
             else:
                 before_s = 0.5 * (bases[r].step_median_s + bases[r + 1].step_median_s)
                 before_p = 0.5 * sum(_phase_median(b, phases) for b in bases[r : r + 2])
@@ -736,21 +776,19 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
             steps.append(s.step_median_s)
             gains.append(before_s - s.step_median_s)
             phase_gains.append(before_p - _phase_median(s, phases))
-        if on_cpu:
-            # One intra-op thread, every other step: forward+backward's CPU time with the fix
-            # against the other steps', beside the probe's ratio applied to the latter.
-            off_cpu = [cpu[(r, i)][0] for r in range(len(trials))]
-            phases = (CPU_TIME,)
-            est = statistics.median(off_cpu) * (1.0 - cpu_ratio[rule])
-            phase_gains = [cpu[(r, i)][0] - cpu[(r, i)][1] for r in range(len(trials))]
-        elif est is not None and _scales_with_phase(rule, facts):
-            # The estimate is the first run's phase time x a measured ratio: the same ratio of
-            # the time the fix is measured against (the runs as the script is around it, the
-            # threads run, or the other steps of an every-other-step run). The optimizer's
-            # phase is bimodal on the demo (1.7-2.0 or 5-7 ms a step, as the loader's workers
-            # preempt it), and the first run's median landed on either mode.
-            t0 = _phase_median(base, phases)
-            est = est * statistics.median(refs) / t0 if t0 > 0 else None
+        t0 = _phase_median(base, phases)
+        if est is not None and _scales_with_phase(rule, facts) and t0 > 0:
+            # The estimate is the first run's phase time x a measured ratio (est / t0 of it
+            # saved): the same ratio of the time the fix is measured against (the runs as the
+            # script is around it, the threads run, or the other steps of an every-other-step
+            # run). The optimizer's phase is bimodal on the demo (1.7-2.0 or 5-7 ms a step, as
+            # the loader's workers preempt it), and the first run's median landed on either
+            # mode. On one torch thread throughout, in forward+backward's CPU time (StepCpu).
+            if len(cpu_pairs) == len(trials):
+                phases = (CPU_TIME,)
+                phase_gains = [ref - fix for ref, fix in cpu_pairs]
+                refs = [ref for ref, _ in cpu_pairs]
+            est = est * statistics.median(refs) / t0
         rows.append(
             VerifyRow(
                 name,
@@ -823,6 +861,13 @@ def format_rows(rows: List[VerifyRow], steps: int, rounds: int = 1) -> str:
                     if r.phases == (CPU_TIME,)
                     else ""
                 )
+            )
+        if r.phases == (CPU_TIME,) and not r.paired:
+            lines.append(
+                f"  {r.fix}: its phase gain is the drop of forward+backward's CPU time against "
+                "the threads run's (this process's, on one torch thread: time taken by other "
+                "processes does not count), its estimate that CPU time x the fraction the "
+                "report's estimate saves"
             )
         if r.compile_error:
             lines.append(

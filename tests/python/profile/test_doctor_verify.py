@@ -351,6 +351,41 @@ def test_alternating_records_each_steps_cpu_time_on_one_torch_thread():
     assert run(2) is None
 
 
+def test_step_cpu_times_forward_to_the_optimizer_step_of_a_whole_run():
+    """StepCpu around a run (a fix's trial): a forward that spins 10 ms of CPU after a fetch that
+    spins 5 ms reads 10 ms a step on one torch thread; on two, no figure."""
+    import io
+
+    class Spin(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            t0 = time.process_time()
+            while time.process_time() - t0 < 0.01:
+                pass
+            return self.lin(x)
+
+    def run(threads):
+        model = Spin()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        clock = verify.StepCpu()
+        with verify.torch_threads(threads), clock:
+            with _doctor.doctor(out=None, progress=False, file=io.StringIO(), probe=False):
+                for _ in range(8):
+                    t0 = time.process_time()
+                    while time.process_time() - t0 < 0.005:
+                        pass
+                    model(torch.randn(2, 4)).sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+        return clock.median_s()
+
+    assert run(1) == pytest.approx(0.010, abs=0.003)
+    assert run(2) is None
+
+
 def test_a_paired_fix_on_one_thread_is_checked_in_cpu_time(monkeypatch):
     """On one torch thread the bf16 row's phase gain is the drop of forward+backward's CPU time,
     and its estimate that CPU time in the run's steps without the fix x (1 - the probed ratio)."""
@@ -359,7 +394,7 @@ def test_a_paired_fix_on_one_thread_is_checked_in_cpu_time(monkeypatch):
     from torchspeed.profile.summary import Finding, RunFacts
 
     s = make_summary(0.100, {"forward": 0.040, "backward": 0.040})
-    found = [Finding("amp", "warning", "t", "f", est_step_s=0.07, est_gain_s=0.024)]
+    found = [Finding("amp", "warning", "t", "f", est_step_s=0.08, est_gain_s=0.020)]  # x0.75
     facts = RunFacts(probes={"bf16": 0.75, "fp32_s": 0.048})
     monkeypatch.setattr(verify.Alternating, "halves", lambda self: (s, s))
     monkeypatch.setattr(verify.Alternating, "cpu_halves", lambda self: (0.055, 0.041))
@@ -406,6 +441,40 @@ def test_a_ratio_estimate_applies_to_the_runs_the_fix_is_measured_against(ratio_
     assert row.phase_gain_s == pytest.approx(0.004 - 0.001)  # the mean of 2 and 6 ms, less 1
     want = 0.0015 * 0.004 / 0.002 if ratio_probed else 0.0015
     assert row.estimated_gain_s == pytest.approx(want)
+
+
+def test_a_fix_on_top_of_the_threads_fix_is_checked_in_cpu_time(monkeypatch):
+    """channels_last tried on top of one torch thread: both runs' forward+backward CPU time is
+    recorded (StepCpu), and the row compares them; its estimate (the first run's 20 of 80 ms:
+    a quarter saved) is a quarter of the threads run's CPU time."""
+    from test_advice import make_summary
+
+    from torchspeed.profile import rules
+    from torchspeed.profile.summary import Finding, RunFacts
+
+    monkeypatch.setattr(rules, "_load", lambda: (1.0, 2))
+    loader = torch.utils.data.DataLoader(list(range(4)), num_workers=1)
+    facts = RunFacts(loaders=[loader], torch_threads=2, probes={"nchw_convs": 3.0})
+    s = make_summary(0.100, {"forward": 0.040, "backward": 0.040})
+    found = [
+        Finding("channels_last", "warning", "t", "f", est_step_s=0.08, est_gain_s=0.020),
+        Finding("cpu_threads", "warning", "t", "f", est_step_s=0.08, est_gain_s=0.020),
+    ]
+    cpus = iter([0.050, 0.040])  # the threads run's, then channels_last's on top of it
+    monkeypatch.setattr(verify.StepCpu, "median_s", lambda self, steps=None: next(cpus))
+
+    def run_steps(ctx, advise):
+        with ctx:
+            pass
+        return (s, [1.0], found, facts) if advise else (s, [1.0], [], None)
+
+    rows = {r.rule: r for r in verify.verify(run_steps)}
+    cl = rows["channels_last"]
+    assert cl.phases == (verify.CPU_TIME,) and not cl.paired
+    assert cl.phase_gain_s == pytest.approx(0.010)
+    assert cl.estimated_gain_s == pytest.approx(0.25 * 0.050)
+    assert rows["cpu_threads"].phases == ("step",)  # the threads fix: against the step
+    assert "CPU time against the threads run's" in verify.format_rows(list(rows.values()), 8)
 
 
 def test_rounds_take_the_median_gain_against_the_runs_around_each_round(monkeypatch):
