@@ -41,8 +41,8 @@ class VerifyRow:
     compile_s: Optional[float] = None
     #: Why torch.compile failed in the trial ("" when it did not): the row then measures eager.
     compile_error: str = ""
-    #: Measured on every other step of its run (Alternating): the gains are the other steps'
-    #: medians minus the fix's steps', side by side under the same load.
+    #: Measured on one step of each pair of its run (Alternating): the gains are the other
+    #: steps' medians minus the fix's steps', side by side under the same load.
     paired: bool = False
 
 
@@ -52,7 +52,7 @@ BASELINE_SPREAD = 1.3
 #: measured 0.0 ms for torch.compile and the ratio read 554.31.
 MIN_RATIO_GAIN_S = 1e-4
 
-#: The phases column of a fix measured in its steps' CPU time (Alternating.cpu_halves).
+#: The phases column of a fix measured in forward+backward's CPU time (StepCpu).
 CPU_TIME = "cpu time"
 
 #: The phases each fix acts on: its estimate is about their time.
