@@ -23,6 +23,7 @@ from .. import _C
 from . import ranges as _ranges
 from .attribution import ModuleSampler
 from .loader_cpu import LoaderCpu
+from .malloc import PageFaults, malloc_tuned
 from .summary import RunFacts
 
 _P = _C.profile
@@ -139,6 +140,8 @@ class TorchHooks:
         self.loader_workers = 0
         # The loader's CPU time per step (its worker processes and C++ threads, from /proc).
         self.loader_cpu = LoaderCpu()
+        # This process's page faults and system time per step (the malloc rule).
+        self.page_faults = PageFaults()
         self.model_compiled = False
         self.train_forwards = 0  # outermost forwards in train mode with grad (micro-batches)
         self.autocast_used = False
@@ -600,8 +603,10 @@ class TorchHooks:
             self.module_sampler.on_step(self.steps_seen)
         # Counted over the steps the summary keeps (after the warmup); only once a loader was
         # seen (a read of /proc costs ~35 µs a step).
+        counting = self.steps_seen >= getattr(self.prof, "warmup", 0)
         if self.loader_workers or self.loader_cpu.pids or self.loaders.items():
-            self.loader_cpu.sample(counting=self.steps_seen >= getattr(self.prof, "warmup", 0))
+            self.loader_cpu.sample(counting=counting)
+        self.page_faults.sample(counting=counting)
 
     # ---- facts ------------------------------------------------------------------------------
     def _attribution(self, models: List[Any]):
@@ -721,12 +726,19 @@ class TorchHooks:
             torch_threads=torch.get_num_threads(),
             loader_workers=self.loader_workers,
             loader_cpu_s=self.loader_cpu.per_step_s(),
+            page_faults=self.page_faults.per_step(),
+            malloc_tuned=malloc_tuned(),
             model_compiled=self.model_compiled,
         )
 
 
 #: The hooks installed now (torchspeed's own loader registers itself with them).
 _active_hooks: List[TorchHooks] = []
+
+
+def running_profiler() -> Any:
+    """The profiler of the innermost hooks installed now (the doctor's run), or None."""
+    return _active_hooks[-1].prof if _active_hooks else None
 
 
 def saw_loader(loader: Any) -> None:

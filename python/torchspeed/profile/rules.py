@@ -76,6 +76,11 @@ CONTENTION_CRITICAL_RATIO = 4.0
 # below it no single layer is worth a targeted fix. Our choice.
 DOMINANT_LAYER_SHARE = 0.4
 
+# Page faults: a step that faults in at least this many pages (4 MiB of 4 KiB pages) is freeing
+# and re-faulting memory, not touching new data once (our choice); the system time they cost is
+# then held to the share rule (_severity) like a phase, and advised as info from the 5 % floor.
+MALLOC_MIN_FAULTS_PER_STEP = 1024
+
 # ---- promises: what each fix is assumed to do to its phase (the estimate's arithmetic) --------
 # Prefetching workers leave 10 % of the data wait: the loader runs ahead and the step waits only
 # for the occasional late batch. Planning figure (project brief), not measured in this repo;
@@ -583,6 +588,45 @@ def _cpu_threads(summary: Any, facts: Any) -> List[Finding]:
     return [_estimated("cpu_threads", "warning", title, fix, detail, step, t - est)]
 
 
+def _malloc(summary: Any, facts: Any) -> List[Finding]:
+    """CPU, glibc's malloc as it comes: the step faults in many pages (freed tensors went back to
+    the OS) and the system time that costs is a large share of the step. Estimate: that system
+    time, an upper bound: the faults of new data (a batch arriving in shared memory) and other
+    system calls stay, and which part of the time they are is not known before the fix (per
+    step, the system time and the faults correlate weakly: r = 0.15-0.42 on the demo)."""
+    from .malloc import ENV_FIX
+
+    pf = getattr(facts, "page_faults", None)
+    if getattr(facts, "device_type", None) != "cpu" or getattr(facts, "malloc_tuned", None) != "":
+        return []
+    if not pf or _num(pf[0]) < MALLOC_MIN_FAULTS_PER_STEP:
+        return []
+    faults, sys_s = _num(pf[0]), _num(pf[1])
+    step = _step_s(summary)
+    share = sys_s / step if step > 0 else 0.0
+    if share < NEVER_BELOW_SHARE or sys_s < MIN_PHASE_S:
+        return []
+    # A fix with no cost but memory: advised (info) from the 5 % floor, not only from 10 %.
+    sev = _severity(share, sys_s) or "info"
+    title = (
+        f"{faults:,.0f} page faults a step: {_ms(sys_s)} of system time, {_pct(sys_s / step)} "
+        "of the step"
+    )
+    fix = (
+        f"start the script with {ENV_FIX} in the environment (glibc's malloc keeps freed tensors' "
+        "memory for the next step), or LD_PRELOAD jemalloc or tcmalloc"
+    )
+    detail = (
+        "glibc's malloc gives each large block a fresh mmap and returns the free top of its heap "
+        "to the OS, so the activations a step frees are faulted in (and zeroed) again in the "
+        "next: this process's minor faults and system time, measured over the run's steps. "
+        f"Estimate: that system time, at most ({_ms(step)} -> {_ms(step - sys_s)}): the faults "
+        "of new data and other system calls stay. The heap then keeps "
+        "up to the run's peak allocation (1 GiB at most) between steps."
+    )
+    return [_estimated("malloc", sev, title, fix, detail, step, sys_s)]
+
+
 def _nchw_convs(facts: Any) -> List[str]:
     out = []
     for name, m in _modules_of(facts, (nn.Conv2d,)):
@@ -920,6 +964,7 @@ def _breakdown(summary: Any, facts: Any) -> List[Finding]:
             _amp,
             _channels_last_cpu,
             _cpu_threads,
+            _malloc,
             _compile,
             _cudnn_benchmark,
             _launch_bound,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 #: The phases of a training step, in the order of the C++ enum torchspeed::profile::Phase.
 #: "other" is the part of the step that no phase covered, so the phases of a step sum to its time.
@@ -198,6 +198,13 @@ class RunFacts:
     #: The loader's CPU seconds per step (its worker processes and C++ threads, from /proc over
     #: the steps after the warmup); None when not measured.
     loader_cpu_s: Optional[float] = None
+    #: This process's (minor page faults, system CPU seconds) per step over the steps after the
+    #: warmup (getrusage; not its worker processes); None when not measured.
+    page_faults: Optional[Tuple[float, float]] = None
+    #: How the process's allocator was set up when the facts were taken: "" for glibc's malloc
+    #: as it comes, else what was seen ("MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD jemalloc", "not
+    #: glibc", ...); None when not checked. The malloc rule speaks only for "".
+    malloc_tuned: Optional[str] = None
     #: An outermost module ran under torch.compile (an OptimizedModule, or model.compile()); the
     #: attribution's operator step also tells (Attribution.compiled).
     model_compiled: bool = False

@@ -22,6 +22,11 @@ import torch
 
 from .summary import Finding
 
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None  # type: ignore[assignment]
+
 
 @dataclasses.dataclass
 class VerifyRow:
@@ -44,6 +49,8 @@ class VerifyRow:
     #: Measured on one step of each pair of its run (Alternating): the gains are the other
     #: steps' medians minus the fix's steps', side by side under the same load.
     paired: bool = False
+    #: Tried on top of another fix (its name): measured against that fix's run of each round.
+    on_top_of: str = ""
 
 
 #: format_rows says the check is noisy when the runs as the script is differ by more than this.
@@ -54,6 +61,8 @@ MIN_RATIO_GAIN_S = 1e-4
 
 #: The phases column of a fix measured in forward+backward's CPU time (StepCpu).
 CPU_TIME = "cpu time"
+#: ... and of one measured in this process's system time per step (the malloc fix: page faults).
+SYSTEM_TIME = "system time"
 
 #: The phases each fix acts on: its estimate is about their time.
 PHASES_OF = {
@@ -63,6 +72,8 @@ PHASES_OF = {
     "cudnn_benchmark": ("forward", "backward"),
     # Preemption costs every phase, in a different one each step: the step is what it moves.
     "cpu_threads": ("step",),
+    # Page faults land in whichever phase allocates: the step.
+    "malloc": ("step",),
     "compile": ("forward", "backward"),
     "optimizer": ("optimizer",),
     "data_wait": ("data_wait",),
@@ -153,15 +164,17 @@ class StepCpu:
         self._cpu_ns: Dict[int, int] = {}  # step -> forward+backward's CPU time in it
         self._fwd_at: Dict[int, int] = {}  # step -> the CPU clock at its first forward
         self._opt_at: Dict[int, int] = {}  # step -> the CPU clock at its optimizer step
+        self._sys_s: Dict[int, float] = {}  # step -> this process's system time in the step
+        self._sys_at: Optional[float] = None  # the system time at the previous step's end
         self._stack: Optional[contextlib.ExitStack] = None
 
     def seen(self) -> Any:
         """At a module forward: the running profiler (None outside one)."""
-        from .hooks import _active_hooks
+        from .hooks import running_profiler
 
-        if not _active_hooks:
+        prof = running_profiler()
+        if prof is None:
             return None
-        prof = _active_hooks[-1].prof
         if prof is not self.prof:
             self.prof = prof
             # Before the doctor's own callback, which ends the run at its last step.
@@ -176,6 +189,11 @@ class StepCpu:
 
     def _step_done(self, prof: Any) -> None:
         step = prof.steps_taken - 1
+        if resource is not None:
+            now = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+            if self._sys_at is not None:
+                self._sys_s[step] = now - self._sys_at
+            self._sys_at = now
         if step in self._fwd_at:
             end = self._opt_at.get(step)
             if end is None or end < self._fwd_at[step]:
@@ -186,24 +204,28 @@ class StepCpu:
         if self.prof is not None:
             self._opt_at.setdefault(self.prof.steps_taken, time.process_time_ns())
 
-    def median_s(self, steps: Optional[List[int]] = None) -> Optional[float]:
+    def median_s(self, steps: Optional[List[int]] = None, system: bool = False) -> Optional[float]:
         """The median over ``steps`` (default: all) less those the run's summary leaves out and
         the first (warm-up); None without one intra-op thread throughout (spin-waits of the
-        others then count as CPU time, and preemption moves them) or without such a step."""
+        others then count as CPU time, and preemption moves them) or without such a step.
+        system: this process's system time in the whole step (page faults, system calls), on
+        any number of threads."""
         prof = self.prof
-        if prof is None or self.threads != {1}:
+        if prof is None or (self.threads != {1} and not system):
             return None
+        per = self._sys_s if system else {k: v / 1e9 for k, v in self._cpu_ns.items()}
         left_out = set(prof.left_out_steps())
-        kept = sorted(self._cpu_ns) if steps is None else steps
-        kept = [i for i in kept if i not in left_out and i in self._cpu_ns][prof.warmup :]
-        return statistics.median(self._cpu_ns[i] for i in kept) / 1e9 if kept else None
+        kept = sorted(per) if steps is None else steps
+        kept = [i for i in kept if i not in left_out and i in per][prof.warmup :]
+        return statistics.median(per[i] for i in kept) if kept else None
 
     def __enter__(self) -> StepCpu:
         from torch.nn.modules import module as mm
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self.prof, self.threads = None, set()
-        self._cpu_ns, self._fwd_at, self._opt_at = {}, {}, {}
+        self._cpu_ns, self._fwd_at, self._opt_at, self._sys_s = {}, {}, {}, {}
+        self._sys_at = None
         self._stack = contextlib.ExitStack()
         if self.forward_hook:
             self._stack.callback(mm.register_module_forward_pre_hook(self._pre).remove)
@@ -428,11 +450,11 @@ class CompiledModel:
         self._stack: Optional[contextlib.ExitStack] = None
 
     def _mark(self) -> None:
-        from .hooks import _active_hooks
+        from .hooks import running_profiler
 
-        if not _active_hooks:
+        prof = running_profiler()
+        if prof is None:
             return
-        prof = _active_hooks[-1].prof
         self.prof = prof
         i = prof.steps_taken  # the step in progress, numbered from the run's first
         new = [j for j in range(i, i + 1 + COMPILE_SETTLE_STEPS) if j not in self.steps]
@@ -589,6 +611,10 @@ def _fixes(findings: List[Finding], facts: Any) -> List[tuple]:
         out.append((name, "channels_last", channels_last, advised))
     if "cudnn_benchmark" in rules:
         out.append(("cudnn.benchmark", "cudnn_benchmark", cudnn_benchmark, True))
+    if "malloc" in rules:
+        from .malloc import keep_freed_memory
+
+        out.append(("malloc thresholds", "malloc", keep_freed_memory, True))
     if "compile" in rules:
         out.append(("torch.compile(model)", "compile", CompiledModel, True))
     if "cpu_threads" in rules:
@@ -637,29 +663,59 @@ def _together(*makes: Callable[[], Any]) -> Iterator[None]:
         yield
 
 
-def _stacked_on_threads(fixes: List[tuple]) -> List[tuple]:
-    """The fixes with cpu_threads first and the compute fixes run under it, when it applies."""
-    threads = [f for f in fixes if f[1] == "cpu_threads"]
-    if not threads:
-        return fixes
-    name_t, _, make_t, _ = threads[0]
-    out = [threads[0]]
-    for name, rule, make, advised in fixes:
-        if rule == "cpu_threads":
+#: The fixes the compute fixes are tried on top of, in this order: each changes how every step
+#: runs (threads preempted, pages faulted), and a compute fix measured without it measures that
+#: too. The malloc fix cannot be undone in a process (malloc.keep_freed_memory): it and the
+#: fixes on top of it run after the last run as the script is.
+_UNDER = ("cpu_threads", "malloc")
+_IRREVERSIBLE = ("malloc",)
+
+
+def _stacked(fixes: List[tuple]) -> Tuple[List[tuple], Dict[int, int], set]:
+    """(fixes, on_top_of, late): cpu_threads first, then malloc on top of it, then each compute
+    fix on top of both (those that apply); on_top_of maps a fix's index to the index of the fix
+    whose run it is measured against, late holds the indices run after the last run as the
+    script is (the malloc fix and what is on top of it)."""
+    out: List[tuple] = []
+    on_top_of: Dict[int, int] = {}
+    late: set = set()
+    below: Optional[tuple] = None  # (name, make, index) of the last fix of _UNDER placed
+    for rule in _UNDER:
+        fix = next((f for f in fixes if f[1] == rule), None)
+        if fix is None:
             continue
-        if rule in _STACKED:
+        name, _, make, advised = fix
+        if below is not None:
+            name, make = _on_top(name, make, below)
+            on_top_of[len(out)] = below[2]
+        if rule in _IRREVERSIBLE or (below is not None and below[2] in late):
+            late.add(len(out))
+        below = (name, make, len(out))
+        out.append((name, rule, make, advised))
+    for name, rule, make, advised in fixes:
+        if rule in _UNDER:
+            continue
+        if rule in _STACKED and below is not None:
+            name, make = _on_top(name, make, below)
+            on_top_of[len(out)] = below[2]
+            if below[2] in late:
+                late.add(len(out))
+        out.append((name, rule, make, advised))
+    return out, on_top_of, late
 
-            def both(make=make):
-                fix = make()
-                if isinstance(fix, Alternating):
-                    fix.also.append(make_t)
-                    return fix
-                return _together(make_t, lambda: fix)
 
-            out.append((f"{name} + {name_t}", rule, both, advised))
-        else:
-            out.append((name, rule, make, advised))
-    return out
+def _on_top(name: str, make: Callable, below: tuple) -> Tuple[str, Callable]:
+    """The fix's name and make() with the fix ``below`` applied under it, for the whole run."""
+    below_name, below_make, _ = below
+
+    def both(make=make):
+        fix = make()
+        if isinstance(fix, Alternating):
+            fix.also.append(below_make)
+            return fix
+        return _together(below_make, lambda: fix)
+
+    return f"{name} + {below_name}", both
 
 
 def _drift(losses: List[float], base_losses: List[float]) -> Optional[float]:
@@ -701,14 +757,30 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
     Each of `rounds` rounds runs every fix once, and a run as the script is comes before each
     round and after the last: a fix's gain in a round is against the mean of the two runs around
     it (on a shared machine the load moves between runs), and a row reports the median over the
-    rounds (its step and gains), so one disturbed run does not decide it."""
+    rounds (its step and gains), so one disturbed run does not decide it.
+
+    The malloc fix cannot be undone in the process: it and the fixes tried on top of it run
+    after the last run as the script is, in rounds of their own, and its first run probes the
+    model again (advise=True), so that the ratios of the fixes on top of it are measured with
+    the memory kept as in their runs."""
     from .rules import verify_estimates
 
-    base, base_losses, findings, facts = run_steps(contextlib.nullcontext(), True)
+    system: Dict[Any, float] = {}  # ("base", k) or (round, fix) -> median system time a step
+
+    def as_is(k: int, advise: bool = False) -> tuple:
+        """A run as the script is (the k-th), its system time recorded."""
+        clock = StepCpu()
+        out = run_steps(clock, advise)
+        sys_s = clock.median_s(system=True)
+        if sys_s is not None:
+            system[("base", k)] = sys_s
+        return out
+
+    base, base_losses, findings, facts = as_is(0, True)
     estimates = verify_estimates(base, facts)
     estimates.update({f.rule: f.est_gain_s for f in findings if f.est_gain_s > 0})
     estimates["headspace"] = _phase_median(base, ("data_wait",))
-    fixes = _stacked_on_threads(_fixes(findings, facts))
+    fixes, on_top_of, late = _stacked(_fixes(findings, facts))
     if not fixes:
         return [VerifyRow("as the script is", "", None, base.step_median_s, 0.0, 0.0)]
     bases = [base]
@@ -719,7 +791,7 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
     cpu: Dict[tuple, tuple] = {}  # (round, fix) -> its halves' forward+backward CPU seconds
     cpu_runs: Dict[tuple, float] = {}  # (round, fix) -> a run's forward+backward CPU seconds
 
-    def trial(r: int, i: int, make: Callable) -> tuple:
+    def trial(r: int, i: int, make: Callable, advise: bool = False) -> tuple:
         last_compile.clear()
         ctx = make()
         if isinstance(ctx, Alternating):
@@ -732,29 +804,47 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
                     cpu[(r, i)] = both
         else:
             clock = StepCpu()
-            out = run_steps(_together(lambda: clock, lambda: ctx), False)
-            median = clock.median_s()
-            if median is not None:
-                cpu_runs[(r, i)] = median
+            out = run_steps(_together(lambda: clock, lambda: ctx), advise)
+            for store, median in (
+                (cpu_runs, clock.median_s()),
+                (system, clock.median_s(system=True)),
+            ):
+                if median is not None:
+                    store[(r, i)] = median
         if "compile_s" in last_compile and i not in compile_s:
             compile_s[i] = last_compile["compile_s"]
         if last_compile.get("error"):
             compile_error.setdefault(i, last_compile["error"])
         return out
 
-    for r in range(max(1, rounds)):
+    n_rounds = max(1, rounds)
+    for r in range(n_rounds):
         if r:
-            bases.append(run_steps(contextlib.nullcontext(), False)[0])
-        trials.append([trial(r, i, make) for i, (_, _, make, _) in enumerate(fixes)])
-    bases.append(run_steps(contextlib.nullcontext(), False)[0])
-    threads_i = next((i for i, f in enumerate(fixes) if f[1] == "cpu_threads"), None)
+            bases.append(as_is(len(bases))[0])
+        trials.append(
+            [None if i in late else trial(r, i, make) for i, (_, _, make, _) in enumerate(fixes)]
+        )
+    bases.append(as_is(len(bases))[0])
+    for r in range(n_rounds if late else 0):
+        for i in sorted(late):
+            reprobe = r == 0 and fixes[i][1] in _IRREVERSIBLE
+            trials[r][i] = trial(r, i, fixes[i][2], advise=reprobe)
+            if reprobe and trials[r][i][3] is not None:
+                # The ratios of the fixes on top of it, probed with the memory kept.
+                again = verify_estimates(base, trials[r][i][3])
+                for j in late:
+                    rule_j = fixes[j][1]
+                    if on_top_of.get(j) == i and again.get(rule_j) is not None:
+                        estimates[rule_j] = again[rule_j]
     rows = [VerifyRow("as the script is", "", None, base.step_median_s, 0.0, 0.0)]
     for i, (name, rule, _, advised) in enumerate(fixes):
         phases = PHASES_OF.get(rule, ())
-        stacked = threads_i is not None and rule in _STACKED
+        below_i = on_top_of.get(i)
+        stacked = below_i is not None
         steps, gains, phase_gains, est = [], [], [], estimates.get(rule)
         refs = []  # per round: the phase time the fix's run is measured against
         cpu_pairs = []  # per round: (the reference's forward+backward CPU seconds, the fix's)
+        sys_pairs = []  # per round: (the reference's system seconds a step, the fix's)
         for r, round_trials in enumerate(trials):
             s = round_trials[i][0]
             if (r, i) in paired:
@@ -764,31 +854,50 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
                 if (r, i) in cpu:
                     cpu_pairs.append(cpu[(r, i)])
             elif stacked:
-                # Tried on top of the threads fix: measured against that run of the round.
-                ref = round_trials[threads_i][0]
+                # Tried on top of another fix: measured against that fix's run of the round.
+                ref = round_trials[below_i][0]
                 before_s, before_p = ref.step_median_s, _phase_median(ref, phases)
-                if (r, threads_i) in cpu_runs and (r, i) in cpu_runs:
-                    cpu_pairs.append((cpu_runs[(r, threads_i)], cpu_runs[(r, i)]))
+                if (r, below_i) in cpu_runs and (r, i) in cpu_runs:
+                    cpu_pairs.append((cpu_runs[(r, below_i)], cpu_runs[(r, i)]))
             else:
                 before_s = 0.5 * (bases[r].step_median_s + bases[r + 1].step_median_s)
                 before_p = 0.5 * sum(_phase_median(b, phases) for b in bases[r : r + 2])
+            if rule == "malloc":
+                # Its phase: this process's system time (page faults), on any threads.
+                refs_sys = (
+                    [system.get((r, below_i))]
+                    if stacked
+                    else [system.get(("base", r)), system.get(("base", r + 1))]
+                )
+                if (r, i) in system and None not in refs_sys:
+                    sys_pairs.append((statistics.mean(refs_sys), system[(r, i)]))
             refs.append(before_p)
             steps.append(s.step_median_s)
             gains.append(before_s - s.step_median_s)
             phase_gains.append(before_p - _phase_median(s, phases))
         t0 = _phase_median(base, phases)
+        cpu_refs: List[float] = []
+        if sys_pairs and len(sys_pairs) == len(trials):
+            phases = (SYSTEM_TIME,)
+            phase_gains = [ref - fix for ref, fix in sys_pairs]
+            if est is not None:
+                # The rule's promise (all of the system time a step, an upper bound) for the
+                # runs it is measured against: on one thread fewer system calls than the first.
+                est = statistics.median(ref for ref, _ in sys_pairs)
+        elif cpu_pairs and len(cpu_pairs) == len(trials):
+            # On one torch thread throughout: in forward+backward's CPU time (StepCpu), which
+            # preemption by other processes does not move.
+            phases = (CPU_TIME,)
+            phase_gains = [ref - fix for ref, fix in cpu_pairs]
+            cpu_refs = [ref for ref, _ in cpu_pairs]
         if est is not None and _scales_with_phase(rule, facts) and t0 > 0:
             # The estimate is the first run's phase time x a measured ratio (est / t0 of it
             # saved): the same ratio of the time the fix is measured against (the runs as the
-            # script is around it, the threads run, or the other steps of an every-other-step
-            # run). The optimizer's phase is bimodal on the demo (1.7-2.0 or 5-7 ms a step, as
-            # the loader's workers preempt it), and the first run's median landed on either
-            # mode. On one torch thread throughout, in forward+backward's CPU time (StepCpu).
-            if len(cpu_pairs) == len(trials):
-                phases = (CPU_TIME,)
-                phase_gains = [ref - fix for ref, fix in cpu_pairs]
-                refs = [ref for ref, _ in cpu_pairs]
-            est = est * statistics.median(refs) / t0
+            # script is around it, the run of the fix it is on top of, or the other steps of an
+            # every-other-step run), in CPU time when the gain is. The optimizer's phase is
+            # bimodal on the demo (1.7-2.0 or 5-7 ms a step, as the loader's workers preempt
+            # it), and the first run's median landed on either mode.
+            est = est * statistics.median(cpu_refs or refs) / t0
         rows.append(
             VerifyRow(
                 name,
@@ -803,6 +912,7 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
                 compile_s.get(i),
                 compile_error.get(i, ""),
                 any((r, i) in paired for r in range(len(trials))),
+                fixes[below_i][0] if stacked else "",
             )
         )
     rows.append(VerifyRow("as the script is, again", "", None, bases[-1].step_median_s, 0.0, 0.0))
@@ -817,14 +927,14 @@ def format_rows(rows: List[VerifyRow], steps: int, rounds: int = 1) -> str:
         f"verified ({steps} steps per run, medians"
         + (f", {rounds} rounds (the median over them)" if rounds > 1 else "")
         + "; gain = the mean of the runs as the script is before and after the fix's round "
-        "minus the fix's (a fix tried on top of the threads fix: that run minus the fix's); the "
+        "minus the fix's (a fix tried on top of another: that fix's run minus its own); the "
         "phase gain is over the phases the fix acts on, the figure its estimate is about):",
-        f"  {'fix':<44} {'step':>10} {'step gain':>10} {'phase gain':>11} {'estimated':>10} "
+        f"  {'fix':<52} {'step':>10} {'step gain':>10} {'phase gain':>11} {'estimated':>10} "
         f"{'est/meas':>8} {'loss drift':>10}  phases",
     ]
     for r in rows:
         if not r.rule:
-            lines.append(f"  {r.fix:<44} {ms(r.step_median_s):>10}")
+            lines.append(f"  {r.fix:<52} {ms(r.step_median_s):>10}")
             continue
         drift = "-" if r.loss_drift is None else f"{100 * r.loss_drift:.2f} %"
         ratio = "-"
@@ -832,7 +942,7 @@ def format_rows(rows: List[VerifyRow], steps: int, rounds: int = 1) -> str:
         if r.estimated_gain_s is not None and gain is not None and abs(gain) >= MIN_RATIO_GAIN_S:
             ratio = f"{r.estimated_gain_s / gain:.2f}"
         lines.append(
-            f"  {r.fix:<44} {ms(r.step_median_s):>10} {ms(r.measured_gain_s):>10} "
+            f"  {r.fix:<52} {ms(r.step_median_s):>10} {ms(r.measured_gain_s):>10} "
             f"{ms(r.phase_gain_s):>11} {ms(r.estimated_gain_s):>10} {ratio:>8} {drift:>10}  "
             f"{'+'.join(r.phases) or '-'}"
         )
@@ -865,9 +975,22 @@ def format_rows(rows: List[VerifyRow], steps: int, rounds: int = 1) -> str:
         if r.phases == (CPU_TIME,) and not r.paired:
             lines.append(
                 f"  {r.fix}: its phase gain is the drop of forward+backward's CPU time against "
-                "the threads run's (this process's, on one torch thread: time taken by other "
-                "processes does not count), its estimate that CPU time x the fraction the "
-                "report's estimate saves"
+                f"the run with {r.on_top_of} (this process's, on one torch thread: time taken "
+                "by other processes does not count), its estimate that CPU time x the fraction "
+                "the report's estimate saves"
+            )
+        if r.rule == "malloc":
+            against = f"the run with {r.on_top_of}" if r.on_top_of else "the runs as the script is"
+            lines.append(
+                f"  {r.fix}: mallopt() in this process, as the environment variables do at "
+                "start; it cannot be undone, so it and the fixes on top of it ran after the last "
+                "run as the script is, and the model was probed again for their estimates"
+                + (
+                    f"; its phase gain is the drop of this process's system time a step against "
+                    f"{against} (page faults and system calls), its estimate the first run's"
+                    if r.phases == (SYSTEM_TIME,)
+                    else ""
+                )
             )
         if r.compile_error:
             lines.append(
