@@ -226,6 +226,18 @@ def describe_step_source(facts) -> str:
     return ""
 
 
+def describe_page_faults(facts) -> str:
+    """One line with this process's minor page faults and system time a step (the malloc rule's
+    facts), or "" when not measured."""
+    pf = getattr(facts, "page_faults", None)
+    if not pf:
+        return ""
+    return (
+        f"this process: {pf[0]:,.0f} minor page faults and {1e3 * pf[1]:.1f} ms of system time "
+        "a step (means over the steps after the warmup)"
+    )
+
+
 def _png_path(path) -> str:
     """The file write_png writes: matplotlib adds ``.png`` to a name without a suffix, so that
     is the path returned; "" and folders (which matplotlib turns into ``.png``/``<dir>.png``)

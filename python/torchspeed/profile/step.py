@@ -30,6 +30,7 @@ from .advice import advise
 from .distributed import gather_summaries
 from .hooks import TorchHooks
 from .report import (
+    describe_page_faults,
     describe_step_source,
     format_findings,
     format_summary,
@@ -365,9 +366,9 @@ class StepProfiler:
         s = summary if summary is not None else self.summary()
         facts = self.facts()
         text = format_summary(s)
-        source = describe_step_source(facts)
-        if source:
-            text += "\n" + source
+        for line in (describe_step_source(facts), describe_page_faults(facts)):
+            if line:
+                text += "\n" + line
         if facts.attribution is not None:
             text += "\n\n" + facts.attribution.format()
         return text + "\n\n" + format_findings(advise(s, facts))

@@ -143,6 +143,7 @@ def test_the_doctor_finds_a_script_that_faults_its_memory_in_each_step(
     pages = (_TOUCH_MIB << 20) // mmap.PAGESIZE
     assert facts.page_faults is not None and facts.page_faults[0] >= pages
     found = [f for f in prof.advice(prof.summary()) if f.rule == "malloc"]
+    assert "minor page faults and" in prof.report()  # the facts, in the report either way
     if tuned:  # the user already set the allocator up: nothing to advise
         assert facts.malloc_tuned == "MALLOC_TRIM_THRESHOLD_" and not found
     else:
