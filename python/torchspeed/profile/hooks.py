@@ -606,7 +606,7 @@ class TorchHooks:
         counting = self.steps_seen >= getattr(self.prof, "warmup", 0)
         if self.loader_workers or self.loader_cpu.pids or self.loaders.items():
             self.loader_cpu.sample(counting=counting)
-        self.page_faults.sample(counting=counting)
+        self.page_faults.sample(counting, self.prof.steps_taken - 1)
 
     # ---- facts ------------------------------------------------------------------------------
     def _attribution(self, models: List[Any]):

@@ -21,7 +21,7 @@ import contextlib
 import ctypes
 import os
 import platform
-from typing import Iterator, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 try:
     import resource
@@ -45,23 +45,31 @@ ENV_FIX = f"MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD} MALLOC_TRIM_THRESHOLD_={TRIM
 
 class PageFaults:
     """This process's minor page faults and system CPU time (all its threads; not its children:
-    the loader's worker processes fault on their own) between step boundaries."""
+    the loader's worker processes fault on their own) between step boundaries: totals over the
+    counted steps, and each step's system time by its number (``system_s``, the --verify
+    trials' measure of the malloc fix)."""
 
     def __init__(self):
         self.faults = 0
         self.sys_s = 0.0
         self.steps = 0
+        self.system_s: Dict[int, float] = {}  # step -> this process's system time in it
         self._last: Optional[Tuple[int, float]] = None
 
-    def sample(self, counting: bool) -> None:
+    def sample(self, counting: bool, step: Optional[int] = None) -> None:
+        """At the end of a step (numbered ``step``, when given)."""
         if resource is None:
             return
         r = resource.getrusage(resource.RUSAGE_SELF)
         now = (int(r.ru_minflt), float(r.ru_stime))
-        if counting and self._last is not None:
-            self.faults += max(now[0] - self._last[0], 0)
-            self.sys_s += max(now[1] - self._last[1], 0.0)
-            self.steps += 1
+        if self._last is not None:
+            sys_s = max(now[1] - self._last[1], 0.0)
+            if step is not None:
+                self.system_s[step] = sys_s
+            if counting:
+                self.faults += max(now[0] - self._last[0], 0)
+                self.sys_s += sys_s
+                self.steps += 1
         self._last = now
 
     def per_step(self) -> Optional[Tuple[float, float]]:

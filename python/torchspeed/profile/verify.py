@@ -22,11 +22,6 @@ import torch
 
 from .summary import Finding
 
-try:
-    import resource
-except ImportError:  # not on Windows
-    resource = None  # type: ignore[assignment]
-
 
 @dataclasses.dataclass
 class VerifyRow:
@@ -164,8 +159,6 @@ class StepCpu:
         self._cpu_ns: Dict[int, int] = {}  # step -> forward+backward's CPU time in it
         self._fwd_at: Dict[int, int] = {}  # step -> the CPU clock at its first forward
         self._opt_at: Dict[int, int] = {}  # step -> the CPU clock at its optimizer step
-        self._sys_s: Dict[int, float] = {}  # step -> this process's system time in the step
-        self._sys_at: Optional[float] = None  # the system time at the previous step's end
         self._stack: Optional[contextlib.ExitStack] = None
 
     def seen(self) -> Any:
@@ -189,11 +182,6 @@ class StepCpu:
 
     def _step_done(self, prof: Any) -> None:
         step = prof.steps_taken - 1
-        if resource is not None:
-            now = resource.getrusage(resource.RUSAGE_SELF).ru_stime
-            if self._sys_at is not None:
-                self._sys_s[step] = now - self._sys_at
-            self._sys_at = now
         if step in self._fwd_at:
             end = self._opt_at.get(step)
             if end is None or end < self._fwd_at[step]:
@@ -209,11 +197,15 @@ class StepCpu:
         the first (warm-up); None without one intra-op thread throughout (spin-waits of the
         others then count as CPU time, and preemption moves them) or without such a step.
         system: this process's system time in the whole step (page faults, system calls), on
-        any number of threads."""
+        any number of threads, as the doctor's hooks record it (malloc.PageFaults)."""
         prof = self.prof
         if prof is None or (self.threads != {1} and not system):
             return None
-        per = self._sys_s if system else {k: v / 1e9 for k, v in self._cpu_ns.items()}
+        if system:
+            hooks = getattr(prof, "_hooks", None)
+            per = hooks.page_faults.system_s if hooks is not None else {}
+        else:
+            per = {k: v / 1e9 for k, v in self._cpu_ns.items()}
         left_out = set(prof.left_out_steps())
         kept = sorted(per) if steps is None else steps
         kept = [i for i in kept if i not in left_out and i in per][prof.warmup :]
@@ -224,8 +216,7 @@ class StepCpu:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self.prof, self.threads = None, set()
-        self._cpu_ns, self._fwd_at, self._opt_at, self._sys_s = {}, {}, {}, {}
-        self._sys_at = None
+        self._cpu_ns, self._fwd_at, self._opt_at = {}, {}, {}
         self._stack = contextlib.ExitStack()
         if self.forward_hook:
             self._stack.callback(mm.register_module_forward_pre_hook(self._pre).remove)
@@ -765,16 +756,26 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
     the memory kept as in their runs."""
     from .rules import verify_estimates
 
-    system: Dict[Any, float] = {}  # ("base", k) or (round, fix) -> median system time a step
+    # ("base", k) for the runs as the script is, (round, fix) for the trials -> their medians:
+    system: Dict[Any, float] = {}  # the system time a step
+    cpu_runs: Dict[Any, float] = {}  # forward+backward's CPU seconds (on one torch thread)
+
+    def timed(key: Any, ctx: Any, advise: bool, fix: bool = True) -> tuple:
+        """run_steps under ctx, its medians recorded under key: the system time a step, and
+        for a fix's trial forward+backward's CPU time (on one torch thread)."""
+        clock = StepCpu()
+        out = run_steps(_together(lambda: clock, lambda: ctx), advise)
+        for store, median in (
+            (system, clock.median_s(system=True)),
+            (cpu_runs, clock.median_s() if fix else None),
+        ):
+            if median is not None:
+                store[key] = median
+        return out
 
     def as_is(k: int, advise: bool = False) -> tuple:
-        """A run as the script is (the k-th), its system time recorded."""
-        clock = StepCpu()
-        out = run_steps(clock, advise)
-        sys_s = clock.median_s(system=True)
-        if sys_s is not None:
-            system[("base", k)] = sys_s
-        return out
+        """A run as the script is (the k-th)."""
+        return timed(("base", k), contextlib.nullcontext(), advise, fix=False)
 
     base, base_losses, findings, facts = as_is(0, True)
     estimates = verify_estimates(base, facts)
@@ -789,7 +790,6 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
     compile_error: Dict[int, str] = {}  # fix -> why torch.compile failed (any round)
     paired: Dict[tuple, tuple] = {}  # (round, fix) -> an Alternating run's halves
     cpu: Dict[tuple, tuple] = {}  # (round, fix) -> its halves' forward+backward CPU seconds
-    cpu_runs: Dict[tuple, float] = {}  # (round, fix) -> a run's forward+backward CPU seconds
 
     def trial(r: int, i: int, make: Callable, advise: bool = False) -> tuple:
         last_compile.clear()
@@ -803,14 +803,7 @@ def verify(run_steps: Callable[..., tuple], rounds: int = 1) -> list:
                 if both is not None:
                     cpu[(r, i)] = both
         else:
-            clock = StepCpu()
-            out = run_steps(_together(lambda: clock, lambda: ctx), advise)
-            for store, median in (
-                (cpu_runs, clock.median_s()),
-                (system, clock.median_s(system=True)),
-            ):
-                if median is not None:
-                    store[(r, i)] = median
+            out = timed((r, i), ctx, advise)
         if "compile_s" in last_compile and i not in compile_s:
             compile_s[i] = last_compile["compile_s"]
         if last_compile.get("error"):
