@@ -606,7 +606,7 @@ class TorchHooks:
         counting = self.steps_seen >= getattr(self.prof, "warmup", 0)
         if self.loader_workers or self.loader_cpu.pids or self.loaders.items():
             self.loader_cpu.sample(counting=counting)
-        self.page_faults.sample(counting, self.prof.steps_taken - 1)
+        self.page_faults.sample(self.prof.steps_taken - 1)
 
     # ---- facts ------------------------------------------------------------------------------
     def _attribution(self, models: List[Any]):
@@ -726,7 +726,9 @@ class TorchHooks:
             torch_threads=torch.get_num_threads(),
             loader_workers=self.loader_workers,
             loader_cpu_s=self.loader_cpu.per_step_s(),
-            page_faults=self.page_faults.per_step(),
+            page_faults=self.page_faults.per_step(
+                self.prof.first_kept_step(), self.prof.left_out_steps()
+            ),
             malloc_tuned=malloc_tuned(),
             model_compiled=self.model_compiled,
         )

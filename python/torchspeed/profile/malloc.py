@@ -9,8 +9,8 @@ every step: on the demo's model (Zen 4, one thread), forward+backward took 4,000
 with both thresholds set, none in either. Whether it happens depends on the heap's history, so it is
 measured (PageFaults, at step boundaries) and not assumed.
 
-    faults = PageFaults(); faults.sample(counting=True)   # at each step boundary (~1 µs)
-    faults.per_step()                                     # (faults, system seconds) or None
+    faults = PageFaults(); faults.sample(step)            # at each step boundary (~1 µs)
+    faults.per_step(first, left_out)                      # (faults, system seconds) or None
     malloc_tuned()                                        # "" = glibc as it comes
     with keep_freed_memory(): ...                         # the fix, applied in this process
 """
@@ -21,7 +21,8 @@ import contextlib
 import ctypes
 import os
 import platform
-from typing import Dict, Iterator, Optional, Tuple
+import statistics
+from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 try:
     import resource
@@ -45,38 +46,40 @@ ENV_FIX = f"MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD} MALLOC_TRIM_THRESHOLD_={TRIM
 
 class PageFaults:
     """This process's minor page faults and system CPU time (all its threads; not its children:
-    the loader's worker processes fault on their own) between step boundaries: totals over the
-    counted steps, and each step's system time by its number (``system_s``, the --verify
-    trials' measure of the malloc fix)."""
+    the loader's worker processes fault on their own) in each step, by the step's number
+    (``faults``, ``system_s``: the latter is also the --verify trials' measure of the malloc
+    fix); ``per_step`` takes their medians over the steps the summary keeps."""
 
     def __init__(self):
-        self.faults = 0
-        self.sys_s = 0.0
-        self.steps = 0
+        self.faults: Dict[int, int] = {}  # step -> this process's minor faults in it
         self.system_s: Dict[int, float] = {}  # step -> this process's system time in it
         self._last: Optional[Tuple[int, float]] = None
 
-    def sample(self, counting: bool, step: Optional[int] = None) -> None:
-        """At the end of a step (numbered ``step``, when given)."""
+    def sample(self, step: int) -> None:
+        """At the end of step number ``step`` (the first boundary only starts the count)."""
         if resource is None:
             return
         r = resource.getrusage(resource.RUSAGE_SELF)
         now = (int(r.ru_minflt), float(r.ru_stime))
         if self._last is not None:
-            sys_s = max(now[1] - self._last[1], 0.0)
-            if step is not None:
-                self.system_s[step] = sys_s
-            if counting:
-                self.faults += max(now[0] - self._last[0], 0)
-                self.sys_s += sys_s
-                self.steps += 1
+            self.faults[step] = max(now[0] - self._last[0], 0)
+            self.system_s[step] = max(now[1] - self._last[1], 0.0)
         self._last = now
 
-    def per_step(self) -> Optional[Tuple[float, float]]:
-        """(minor faults, system seconds) per counted step; None without a counted step."""
-        if not self.steps:
+    def per_step(
+        self, first: int = 0, left_out: Iterable[int] = ()
+    ) -> Optional[Tuple[float, float]]:
+        """(minor faults, system seconds): medians over the steps numbered ``first`` on, less
+        ``left_out`` (the summary's steps: a step torch.profiler recorded allocates its events
+        and faults several times more); None without such a step."""
+        drop = set(left_out)
+        kept = [i for i in sorted(self.faults) if i >= first and i not in drop]
+        if not kept:
             return None
-        return self.faults / self.steps, self.sys_s / self.steps
+        return (
+            float(statistics.median(self.faults[i] for i in kept)),
+            float(statistics.median(self.system_s[i] for i in kept)),
+        )
 
 
 def malloc_tuned() -> str:

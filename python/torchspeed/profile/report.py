@@ -234,7 +234,7 @@ def describe_page_faults(facts) -> str:
         return ""
     return (
         f"this process: {pf[0]:,.0f} minor page faults and {1e3 * pf[1]:.1f} ms of system time "
-        "a step (means over the steps after the warmup)"
+        "a step (medians over the steps the table keeps)"
     )
 
 

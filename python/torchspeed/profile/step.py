@@ -329,19 +329,23 @@ class StepProfiler:
         ``exclude`` names (numbered from the run's first, as ``steps_taken`` counts them). In a
         distributed run (torch.distributed initialized) with ``gather``, every rank must call it:
         rank 0's summary then lists every rank's (``ranks``)."""
-        skip = self.warmup
-        if self._hooks is not None and self._hooks.steps_switched_at:
-            # Steps a backward-driven guess recorded before the first optimizer step.
-            skip = max(skip, self._hooks.steps_switched_at)
         history = self.history()
         drop = self.left_out_steps() + list(exclude)
         if drop:
             history = without_steps(history, drop)
-        s = summarize(history, skip_first=skip)
+        s = summarize(history, skip_first=self.first_kept_step())
         s.dropped_events = int(_P.dropped_events())
         if gather:
             gather_summaries(s)
         return s
+
+    def first_kept_step(self) -> int:
+        """The steps before it are left out of summary() as warm-up: ``warmup``, or the steps a
+        backward-driven guess recorded before the first optimizer step."""
+        skip = self.warmup
+        if self._hooks is not None and self._hooks.steps_switched_at:
+            skip = max(skip, self._hooks.steps_switched_at)
+        return skip
 
     def left_out_steps(self) -> List[int]:
         """The steps summary() leaves out besides the warm-up (numbered from the run's first):

@@ -36,19 +36,24 @@ def _touch(mib=_TOUCH_MIB):
 
 
 @glibc
-def test_page_faults_are_counted_per_step_over_the_counted_steps():
+def test_page_faults_are_counted_per_step_over_the_steps_the_summary_keeps():
     pf = malloc.PageFaults()
-    pf.sample(counting=False)
-    _touch()  # before the first counted boundary: not counted
-    pf.sample(counting=True)
-    for _ in range(3):
-        _touch()
-        pf.sample(counting=True)
-    faults, sys_s = pf.per_step()
+    pf.sample(0)  # the first boundary starts the count
+    _touch()  # step 1: the warm-up
+    pf.sample(1)
+    for step in range(2, 6):
+        _touch(4 * _TOUCH_MIB if step == 3 else _TOUCH_MIB)  # step 3: a profiled step, 4x
+        pf.sample(step)
     pages = (_TOUCH_MIB << 20) // mmap.PAGESIZE
+    assert sorted(pf.faults) == [1, 2, 3, 4, 5] and pf.faults[3] >= 4 * pages
+    faults, sys_s = pf.per_step(first=2, left_out=[3])
     assert pages <= faults < pages * 1.5  # each step's pages, plus a little of Python's own
     assert sys_s > 0
-    assert malloc.PageFaults().per_step() is None  # no counted step: not measured
+    # Without leaving step 3 out, the median of 2..5 still is a one-page-set step; the mean
+    # would not be.
+    assert pf.per_step(first=2)[0] < pages * 1.5
+    assert pf.per_step(first=6) is None  # no kept step: not measured
+    assert malloc.PageFaults().per_step() is None
 
 
 def _facts(faults=4000.0, sys_s=0.012, **kw):
