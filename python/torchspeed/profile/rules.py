@@ -619,7 +619,8 @@ def _malloc(summary: Any, facts: Any) -> List[Finding]:
     detail = (
         "glibc's malloc gives each large block a fresh mmap and returns the free top of its heap "
         "to the OS, so the activations a step frees are faulted in (and zeroed) again in the "
-        "next: this process's minor faults and system time, measured over the run's steps. "
+        "next: this process's minor faults and system time, medians over the steps the table "
+        "keeps. "
         f"Estimate: that system time, at most ({_ms(step)} -> {_ms(step - sys_s)}): the faults "
         "of new data and other system calls stay. The heap then keeps "
         "up to the run's peak allocation (1 GiB at most) between steps."

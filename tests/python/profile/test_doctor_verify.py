@@ -142,6 +142,7 @@ def test_verify_tries_channels_last_on_a_cpu_conv_net(tmp_path, monkeypatch):
     cl = cl[0]
     assert cl.fix == ("channels_last" if cl.advised else "channels_last (not advised)")
     assert cl.estimated_gain_s is not None  # the probe measured the model in both layouts
+    assert cl.paired  # side by side: on every other step of one run
     # The same math in another memory layout: the losses agree to rounding.
     assert cl.loss_drift is not None and cl.loss_drift < 1e-3, cl
     # SGD with a torchspeed counterpart: tried too, below the threshold or not.
@@ -163,6 +164,39 @@ def test_channels_last_trial_converts_the_model_and_inputs_and_unhooks():
     assert all(a is b for a, b in zip(params, model.parameters()))  # the optimizer's objects
     model(torch.randn(2, 3, 8, 8))
     assert not seen[1].is_contiguous(memory_format=torch.channels_last)  # the hook is gone
+
+
+def test_channels_last_side_by_side_switches_the_model_only_where_asked(monkeypatch):
+    """On an every-other-step run: the model in channels_last on the fix's forwards and back in
+    NCHW on the others, copied only at a switch; the inputs converted only on the fix's."""
+    from torchspeed.profile.verify import channels_last
+
+    seen = []
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    model.register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+    params = list(model.parameters())
+    x = torch.randn(2, 3, 8, 8)
+    want = model(x).detach()
+    seen.clear()
+    copies = []
+    real_to = nn.Module.to
+
+    def counting_to(self, *a, **kw):
+        copies.append(kw.get("memory_format"))
+        return real_to(self, *a, **kw)
+
+    monkeypatch.setattr(nn.Module, "to", counting_to)
+    pattern = [True, False, False, True, True, False]
+    it, layouts = iter(pattern), []
+    with channels_last(when=lambda: next(it)):
+        for _ in pattern:
+            torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-6)
+            layouts.append(model[0].weight.is_contiguous(memory_format=torch.channels_last))
+    assert layouts == pattern
+    assert [a.is_contiguous(memory_format=torch.channels_last) for a in seen] == pattern
+    cl, nchw = torch.channels_last, torch.contiguous_format
+    assert copies == [cl, nchw, cl, nchw]  # at the switches only
+    assert all(a is b for a, b in zip(params, model.parameters()))  # the optimizer's objects
 
 
 def test_cudnn_benchmark_trial_works_where_torch_froze_the_global_flags():
@@ -447,7 +481,7 @@ def test_a_ratio_estimate_applies_to_the_runs_the_fix_is_measured_against(ratio_
 
 
 def test_a_fix_on_top_of_the_threads_fix_is_checked_in_cpu_time(monkeypatch):
-    """channels_last tried on top of one torch thread: both runs' forward+backward CPU time is
+    """torch.compile tried on top of one torch thread: both runs' forward+backward CPU time is
     recorded (StepCpu), and the row compares them; its estimate (the first run's 20 of 80 ms:
     a quarter saved) is a quarter of the threads run's CPU time."""
     from test_advice import make_summary
@@ -457,13 +491,13 @@ def test_a_fix_on_top_of_the_threads_fix_is_checked_in_cpu_time(monkeypatch):
 
     monkeypatch.setattr(rules, "_load", lambda: (1.0, 2))
     loader = torch.utils.data.DataLoader(list(range(4)), num_workers=1)
-    facts = RunFacts(loaders=[loader], torch_threads=2, probes={"nchw_convs": 3.0})
+    facts = RunFacts(loaders=[loader], torch_threads=2)
     s = make_summary(0.100, {"forward": 0.040, "backward": 0.040})
     found = [
-        Finding("channels_last", "warning", "t", "f", est_step_s=0.08, est_gain_s=0.020),
+        Finding("compile", "warning", "t", "f", est_step_s=0.08, est_gain_s=0.020),
         Finding("cpu_threads", "warning", "t", "f", est_step_s=0.08, est_gain_s=0.020),
     ]
-    cpus = iter([0.050, 0.040])  # the threads run's, then channels_last's on top of it
+    cpus = iter([0.050, 0.040])  # the threads run's, then compile's on top of it
     monkeypatch.setattr(
         verify.StepCpu,
         "median_s",
@@ -476,7 +510,7 @@ def test_a_fix_on_top_of_the_threads_fix_is_checked_in_cpu_time(monkeypatch):
         return (s, [1.0], found, facts) if advise else (s, [1.0], [], None)
 
     rows = {r.rule: r for r in verify.verify(run_steps)}
-    cl = rows["channels_last"]
+    cl = rows["compile"]
     assert cl.phases == (verify.CPU_TIME,) and not cl.paired
     assert cl.phase_gain_s == pytest.approx(0.010)
     assert cl.estimated_gain_s == pytest.approx(0.25 * 0.050)
