@@ -32,6 +32,21 @@ def _zeros_like_param(p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
 
 
+#: What the ops' validators say of a state laid out unlike its param (csrc/ops/optim_checks.h:
+#: float and bf16 states, int8 codes).
+_LAID_OUT_UNLIKE = ("must be laid out in memory like params[", "the memory layout of params[")
+
+
+def _same_memory_order(t: torch.Tensor, p: torch.Tensor) -> bool:
+    """Whether dense t holds its elements in p's memory order: both contiguous (any shapes), or
+    one shape and one layout (strides of size-1 dims do not matter); ops::laid_out_like in C++."""
+    if t.is_contiguous() and p.is_contiguous():
+        return True
+    return t.shape == p.shape and all(
+        a == b for a, b, n in zip(t.stride(), p.stride(), p.shape) if n > 1
+    )
+
+
 def _like_param(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """A float32 copy of `value` (the param's shape) on the param's device and in its layout."""
     return _zeros_like_param(p).copy_(value)
@@ -163,6 +178,8 @@ class FusedOptimizer(Optimizer):
         self._check_hyperparameters(defaults, "")
         super().__init__(params, defaults)
         self._masks: Dict[torch.Tensor, torch.Tensor] = {}  # param -> packed uint8 mask
+        # param -> its strides when its mask was packed (in its memory order then)
+        self._mask_strides: Dict[torch.Tensor, tuple] = {}
         self._no_mask: Dict[torch.device, torch.Tensor] = {}  # empty uint8: "no mask" in a bucket
         self.step_stats = {"steps": 0, "skipped": 0, "seconds": 0.0}
 
@@ -171,18 +188,22 @@ class FusedOptimizer(Optimizer):
         # so a deepcopy or an unpickled optimizer steps like the original.
         state = super().__getstate__()
         state["_masks"] = self._masks
+        state["_mask_strides"] = self._mask_strides
         state["step_stats"] = self.step_stats
         return state
 
     def __setstate__(self, state):
         state = dict(state)
         masks = state.pop("_masks", {})
+        mask_strides = state.pop("_mask_strides", {})
         step_stats = state.pop("step_stats", {"steps": 0, "skipped": 0, "seconds": 0.0})
         super().__setstate__(state)
         # Masks pickled before they were bit-packed (dense float32) are packed now.
         self._masks = {
             p: m if m.dtype == torch.uint8 else _packed_mask_for(m, p) for p, m in masks.items()
         }
+        # Pickled without them: packed in the layout the params have now.
+        self._mask_strides = {p: mask_strides.get(p, p.stride()) for p in self._masks}
         self._no_mask = {}
         self.step_stats = step_stats
         for group in self.param_groups:
@@ -308,12 +329,28 @@ class FusedOptimizer(Optimizer):
             )
         if mask is None:
             self._masks.pop(param, None)
+            self._mask_strides.pop(param, None)
             return
         if not isinstance(mask, torch.Tensor):
             raise TypeError(
                 f"torchspeed.optim.set_mask: mask must be a torch.Tensor or None, got {type(mask)}"
             )
         self._masks[param] = _packed_mask_for(mask, param)
+        self._mask_strides[param] = param.stride()
+
+    def _mask_of(self, p: torch.Tensor) -> Optional[torch.Tensor]:
+        """p's packed mask in p's memory order now: packed again when p's memory format changed
+        since (model.to(memory_format=torch.channels_last) after the mask was set)."""
+        packed = self._masks.get(p)
+        if packed is None:
+            return None
+        was = self._mask_strides.get(p, p.stride())
+        if was != p.stride():
+            old = torch.empty_strided(p.shape, was, dtype=torch.bool, device=p.device)
+            old.as_strided((p.numel(),), (1,)).copy_(_unpack_bits(packed, (p.numel(),)))
+            packed = self._masks[p] = _packed_mask_for(old, p)
+            self._mask_strides[p] = p.stride()
+        return packed
 
     # ---- state ---------------------------------------------------------------------------------
     def _wants_master(self, group, p: torch.Tensor) -> bool:
@@ -445,9 +482,10 @@ class FusedOptimizer(Optimizer):
             converted[p] = self._load_state(
                 index_to_group[index], p, values, where, saved_group, saved_where
             )
-        masks = self._masks  # torch's load_state_dict goes through __setstate__: keep the masks
+        # torch's load_state_dict goes through __setstate__: keep the masks
+        masks, mask_strides = self._masks, self._mask_strides
         super().load_state_dict(state_dict)
-        self._masks = masks
+        self._masks, self._mask_strides = masks, mask_strides
         for p, values in converted.items():
             # Replaced, not updated: a conversion may drop entries (int8 absmaxes -> fp32).
             self.state[p].clear()
@@ -512,6 +550,52 @@ class FusedOptimizer(Optimizer):
             # Friendly positions for the common mistakes before the ops' own validators run.
             for index, group, bucket in calls:
                 self._check_call(index, group, bucket)
+        if compiling:
+            self._run_calls(calls, grad_scale, found_inf, compiling)
+        else:
+            try:
+                self._run_calls(calls, grad_scale, found_inf, compiling)
+            except RuntimeError as e:
+                # A param whose memory format changed after its state was made (model.to(
+                # memory_format=torch.channels_last) mid-run, as torch.optim allows): the ops
+                # validate before they write, so nothing changed; the state follows, and again.
+                if not any(m in str(e) for m in _LAID_OUT_UNLIKE) or not (
+                    self._follow_param_layouts()
+                ):
+                    raise
+                self._run_calls(calls, grad_scale, found_inf, compiling)
+        self.step_stats["steps"] += 1
+        if found_inf is not None and found_inf.device.type == "cpu" and found_inf.item() != 0:
+            self.step_stats["skipped"] += 1
+        if not compiling:
+            self.step_stats["seconds"] += (_now_ns() - start) / 1e9  # the profiler's clock
+        return loss
+
+    def _follow_param_layouts(self) -> bool:
+        """Each state held in another memory order than its param (the param's memory format
+        changed after the state was made) converted as load_state_dict converts a loaded one:
+        the same logical positions in the param's layout (int8 codes decoded and coded again).
+        True when one was."""
+        changed = False
+        for gi, group in enumerate(self.param_groups):
+            for pi, p in enumerate(group["params"]):
+                s = self.state.get(p)
+                if not s or all(
+                    _same_memory_order(t, p)
+                    for t in s.values()
+                    if torch.is_tensor(t) and t.shape == p.shape
+                ):
+                    continue
+                where = f"state of param_groups[{gi}].params[{pi}]"
+                values = {k: self._load_value(k, v, p, where) for k, v in s.items()}
+                values = self._load_state(group, p, values, where)
+                s.clear()
+                s.update(values)
+                changed = True
+        return changed
+
+    def _run_calls(self, calls, grad_scale, found_inf, compiling: bool) -> None:
+        """The step's op calls: validated (all of them) before the first writes."""
         staged: Dict[torch.Tensor, Dict[str, Any]] = {}
         prepared = []
         coefs: Dict[int, Optional[torch.Tensor]] = {}
@@ -535,12 +619,6 @@ class FusedOptimizer(Optimizer):
             for op, args, kwargs, after in prepared:
                 op(*args, **kwargs)
                 after()
-        self.step_stats["steps"] += 1
-        if found_inf is not None and found_inf.device.type == "cpu" and found_inf.item() != 0:
-            self.step_stats["skipped"] += 1
-        if not compiling:
-            self.step_stats["seconds"] += (_now_ns() - start) / 1e9  # the profiler's clock
-        return loss
 
     def _check_call(self, group_index: int, group, params: List[torch.Tensor]) -> None:
         """What the op would reject about params and grads, with the param's position."""
@@ -616,7 +694,7 @@ class FusedOptimizer(Optimizer):
             none = self._no_mask.get(dev)
             if none is None:
                 none = self._no_mask[dev] = torch.empty(0, dtype=torch.uint8, device=dev)
-            masks = [self._masks.get(p, none) for p in params]
+            masks = [self._mask_of(p) if p in self._masks else none for p in params]
         emas = [s["ema"] for s in states] if need_ema else []
         return self._op_call(group, params, states, grads, masters, masks, emas, scalars)
 

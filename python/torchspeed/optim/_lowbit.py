@@ -16,7 +16,7 @@ from typing import Dict, Tuple
 import torch
 
 from .._native import native_op
-from ._fused import _dense
+from ._fused import _dense, _same_memory_order
 
 STATE_DTYPES = ("fp32", "bf16", "int8")
 #: Moments of tensors with fewer elements stay float32 under state_dtype="int8" (as bitsandbytes'
@@ -116,16 +116,6 @@ def quantize_m(m: torch.Tensor, block: int):
 
 def quantize_v(v: torch.Tensor, block: int):
     return quantize(v, False, block)
-
-
-def _same_memory_order(t: torch.Tensor, p: torch.Tensor) -> bool:
-    """Whether dense t holds its elements in p's memory order: both contiguous (any shapes), or
-    one shape and one layout (strides of size-1 dims do not matter); ops::laid_out_like in C++."""
-    if t.is_contiguous() and p.is_contiguous():
-        return True
-    return t.shape == p.shape and all(
-        a == b for a, b, n in zip(t.stride(), p.stride(), p.shape) if n > 1
-    )
 
 
 def _laid_out(flat: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
